@@ -1,0 +1,41 @@
+"""The `volta-ml` console command.
+
+Each area of the package owns its subcommands in a small `cli` module with a
+`register(subparsers)` function that adds parsers and sets `func` on them; this
+file only lists those modules, so adding a command never touches another area.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that register subcommands; imported lazily so `volta-ml --help` stays fast
+# and a broken optional area cannot take the whole command down.
+COMMAND_MODULES = [
+    "volta_ml.models.cli",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="volta-ml",
+        description="Train and evaluate vision-and-language BERTs on VOLTA/IGLUE files.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
