@@ -10,7 +10,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.models import resnet101, resnext101_64x4d
+from torchvision.models.resnet import Bottleneck, ResNet
 from torchvision.ops import FrozenBatchNorm2d
 
 
@@ -39,9 +39,15 @@ def _stride_in_1x1(block: nn.Module) -> None:
     block.conv1.stride, block.conv2.stride = stride, (1, 1)
 
 
-def build_butd_trunk() -> tuple[Stem, nn.Sequential]:
-    """BUTD ResNet-101 C4: (res1..res4 trunk, dilated stride-1 res5 head)."""
-    net = resnet101(weights=None, norm_layer=FrozenBatchNorm2d)  # FrozenBN eps 1e-5
+RESNET101_BLOCKS = (3, 4, 23, 3)
+
+
+def build_butd_trunk(blocks=RESNET101_BLOCKS, width_per_group: int = 64) -> tuple[Stem, nn.Sequential]:
+    """BUTD ResNet-101 C4: (res1..res4 trunk, dilated stride-1 res5 head).
+
+    `blocks`/`width_per_group` only change for tiny plumbing-test models."""
+    # FrozenBN eps 1e-5, as detectron2.
+    net = ResNet(Bottleneck, list(blocks), norm_layer=FrozenBatchNorm2d, width_per_group=width_per_group)
     # Caffe max-pool: no padding, ceil mode.
     net.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=0, ceil_mode=True)
     _stride_in_1x1(net.layer2[0])
@@ -56,9 +62,10 @@ def build_butd_trunk() -> tuple[Stem, nn.Sequential]:
     return Stem(net, ("layer1", "layer2", "layer3")), res5
 
 
-def build_x101_body() -> Stem:
+def build_x101_body(blocks=RESNET101_BLOCKS, groups: int = 64, width_per_group: int = 4) -> Stem:
     """ResNeXt-101 64x4d trunk with maskrcnn-benchmark's eps-free frozen BN; returns C2..C5."""
-    net = resnext101_64x4d(weights=None, norm_layer=partial(FrozenBatchNorm2d, eps=0.0))
+    net = ResNet(Bottleneck, list(blocks), groups=groups, width_per_group=width_per_group,
+                 norm_layer=partial(FrozenBatchNorm2d, eps=0.0))
     return Stem(net, ("layer1", "layer2", "layer3", "layer4"))
 
 

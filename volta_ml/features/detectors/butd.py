@@ -60,9 +60,9 @@ class RegionOutputs:
 
 class BUTDDetector(nn.Module):
     def __init__(self, with_attributes: bool = True, rpn_pre_nms_topk: int = 6000, rpn_post_nms_topk: int = 300,
-                 rpn_nms_thresh: float = 0.7, roi_chunk: int = 64):
+                 rpn_nms_thresh: float = 0.7, roi_chunk: int = 64, blocks=(3, 4, 23, 3), width_per_group: int = 64):
         super().__init__()
-        self.backbone, self.res5 = build_butd_trunk()
+        self.backbone, self.res5 = build_butd_trunk(blocks, width_per_group)
         self.rpn_head = RPNHead(1024, 512, len(ANCHOR_SIZES) * len(ANCHOR_RATIOS), "objectness_logits",
                                 "anchor_deltas")
         self.box_predictor = BoxPredictor(with_attributes)

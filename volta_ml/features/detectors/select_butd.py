@@ -11,7 +11,13 @@ from .presets import Preset
 
 
 class TooFewBoxes(Exception):
-    """VOLTA's `assert num_objects == 36` failed: the image gets no entry."""
+    """VOLTA's `assert num_objects == 36` failed: the image gets no entry.
+
+    `partial` holds what was computed (the debug intermediates when requested)."""
+
+    def __init__(self, message: str, partial: dict | None = None):
+        super().__init__(message)
+        self.partial = partial or {}
 
 
 def _attributes(attr_logits: torch.Tensor | None, n: int):
@@ -113,7 +119,7 @@ def butd_extract(model: BUTDDetector, img_bgr: np.ndarray, preset: Preset, given
     nonempty = ((boxes[:, 2] - boxes[:, 0]) > 0) & ((boxes[:, 3] - boxes[:, 1]) > 0)
     if int(nonempty.sum()) != preset.num_boxes:
         raise TooFewBoxes(f"{int(nonempty.sum())} boxes after the NMS ladder {counts}, "
-                          f"{preset.num_boxes} required")
+                          f"{preset.num_boxes} required", out)
     attr_id, attr_conf = _attributes(region.attr_logits, len(proposals))
     kept = keep.numpy()
     out.update(features=region.pooled[keep].numpy(), boxes=boxes.numpy(),
