@@ -157,7 +157,6 @@ def test_case(folder, case):
 def _check_butd(folder, case, exp):
     model = _model(folder, "butd")
     preset = get_preset("volta-butd36").with_settings(**case["settings"])
-    model.rpn_post_nms_topk = preset.rpn_post_nms_topk
     img = _image_for_model(folder, case["image"])
     if case["mode"] == "given_box":
         out = butd_extract(model, img, preset, given_boxes=exp["x_input_boxes"], debug=True)
@@ -210,7 +209,6 @@ def _check_butd(folder, case, exp):
 def _check_x101(folder, case, exp):
     model = _model(folder, "x101")
     preset = get_preset("x101-single").with_settings(**case["settings"])
-    model.fpn_post_nms_top_n = preset.fpn_post_nms_top_n
     images = [_image_for_model(folder, stem) for stem in case["batch"]]
     out = x101_extract_batch(model, images, preset, debug=True)[case["batch"].index(case["image"])]
     x_input = np.ascontiguousarray(out["x_input"])

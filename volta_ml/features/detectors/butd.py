@@ -80,13 +80,14 @@ class BUTDDetector(nn.Module):
     def res4(self, image: torch.Tensor) -> torch.Tensor:
         return self.backbone(image)[-1]
 
-    def proposals(self, res4: torch.Tensor, image_hw: tuple[int, int]):
+    def proposals(self, res4: torch.Tensor, image_hw: tuple[int, int], pre_nms_topk: int | None = None,
+                  post_nms_topk: int | None = None):
         """RPN boxes (N, 4) in resized-image pixels and their objectness logits, descending."""
         logits, deltas = self.rpn_head(res4)
         h, w = res4.shape[-2:]
         anchors = grid_anchors(self.cell_anchors, STRIDE, h, w)
-        return detectron2_proposals(logits[0], deltas[0], anchors, image_hw, self.rpn_pre_nms_topk,
-                                    self.rpn_post_nms_topk, self.rpn_nms_thresh)
+        return detectron2_proposals(logits[0], deltas[0], anchors, image_hw, pre_nms_topk or self.rpn_pre_nms_topk,
+                                    post_nms_topk or self.rpn_post_nms_topk, self.rpn_nms_thresh)
 
     def box_head(self, res4: torch.Tensor, boxes: torch.Tensor) -> RegionOutputs:
         """RoIPool 14x14 -> dilated res5 -> mean -> predictor, `roi_chunk` RoIs at a time."""

@@ -85,7 +85,7 @@ def butd_extract(model: BUTDDetector, img_bgr: np.ndarray, preset: Preset, given
                    img_w=np.int64(raw_w), img_h=np.int64(raw_h), num_objects=np.int64(len(boxes)))
         return out
 
-    proposals, objectness = model.proposals(res4, (h, w))
+    proposals, objectness = model.proposals(res4, (h, w), preset.rpn_pre_nms_topk, preset.rpn_post_nms_topk)
     region = _cpu(model.box_head(res4, proposals))
     proposals, objectness = proposals.cpu(), objectness.cpu()
     probs = region.cls_logits.softmax(dim=-1)

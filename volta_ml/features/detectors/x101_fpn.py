@@ -51,7 +51,7 @@ class X101Detector(nn.Module):
         self.pre_nms_top_n = pre_nms_top_n
         self.post_nms_top_n = post_nms_top_n
 
-    def forward(self, batch: torch.Tensor):
+    def forward(self, batch: torch.Tensor, fpn_post_nms_top_n: int | None = None):
         """(B, 3, Hp, Wp) padded input -> per image (proposals, objectness, fc6, class probs)."""
         levels = self.fpn(self.body(batch))
         canvas = batch.shape[-2:]
@@ -64,7 +64,8 @@ class X101Detector(nn.Module):
                 deltas.append(dl[0])
                 anchors.append(grid_anchors(getattr(self, f"cell_anchors_{i}"), ANCHOR_STRIDES[i], *feat.shape[-2:]))
             boxes, scores = fpn_legacy_proposals(logits, deltas, anchors, canvas, self.pre_nms_top_n,
-                                                 self.post_nms_top_n, self.fpn_post_nms_top_n)
+                                                 self.post_nms_top_n,
+                                                 fpn_post_nms_top_n or self.fpn_post_nms_top_n)
             fc6, probs = self.box_head([lv[b:b + 1] for lv in levels[:4]], boxes)
             results.append((boxes, scores, fc6, probs))
         return results
@@ -102,7 +103,7 @@ def x101_extract_batch(model: X101Detector, images_bgr: list[np.ndarray], preset
     """Run one batch (padded together, as the original); one npy-info dict per image."""
     prepared = [x101_input(img, preset.min_size, preset.max_size) for img in images_bgr]
     batch = pad_batch([im for im, _ in prepared]).to(device)
-    outputs = model(batch)
+    outputs = model(batch, preset.fpn_post_nms_top_n)
     results = []
     for b, (img, (_, scale), (boxes, scores, fc6, probs)) in enumerate(zip(images_bgr, prepared, outputs)):
         boxes, scores, fc6, probs = boxes.cpu(), scores.cpu(), fc6.cpu(), probs.cpu()
