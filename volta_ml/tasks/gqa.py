@@ -155,4 +155,4 @@ def gqa_accuracy(predictions: list[dict], truth: dict) -> tuple[float, int]:
             continue
         matched += 1
         correct += int(row["prediction"] == question["answer"])
-    return (100.0 * correct / matched if matched else 0.0), matched
+    return (correct / matched * 100 if matched else 0.0), matched
