@@ -32,12 +32,16 @@ LOG_FORMAT = "%(asctime)s - %(levelname)s - %(name)s -   %(message)s"
 
 
 def setup_logging() -> None:
+    """Log lines go to the *current* stderr (the IGLUE scrapers read them from the job's .err file)."""
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%m/%d/%Y %H:%M:%S"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
+    for handler in logger.handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(sys.stderr)
 
 
 def result_dir(output_dir: str, from_pretrained: str, save_name: str) -> str:
