@@ -41,7 +41,7 @@ def setup_logging() -> None:
         logger.propagate = False
     for handler in logger.handlers:
         if isinstance(handler, logging.StreamHandler):
-            handler.setStream(sys.stderr)
+            handler.stream = sys.stderr
 
 
 def result_dir(output_dir: str, from_pretrained: str, save_name: str) -> str:
