@@ -58,6 +58,7 @@ def checkpoint(cluster, task_dir: str, model: str, cfg: str, name: str, task: st
 def replay(cluster, folder: str, script: str, name: str = "test") -> tuple[str, str]:
     """Run a script as the PBS job does (cd to its dir, stdout/stderr to <name>.out/.err)."""
     here = cluster["root"] / "iglue/experiments" / folder
+    script = script.replace("cd ../../../../volta", "cd " + "../" * len(folder.split("/")) + "../volta")
     here.mkdir(parents=True, exist_ok=True)
     (here / f"{name}.sh").write_text(script.replace(CLUSTER, str(cluster["root"])))
     env = dict(os.environ, PYTHONPATH=str(REPO), VOLTA_ML_PATH_MAP=f"{CLUSTER}={cluster['root']}",
@@ -65,7 +66,7 @@ def replay(cluster, folder: str, script: str, name: str = "test") -> tuple[str, 
     with open(here / f"{name}.out", "w") as out, open(here / f"{name}.err", "w") as err:
         done = subprocess.run(["bash", f"{name}.sh"], cwd=here, stdout=out, stderr=err, env=env)
     stdout, stderr = (here / f"{name}.out").read_text(), (here / f"{name}.err").read_text()
-    assert done.returncode == 0, stderr[-3000:]
+    assert done.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
     return stdout, stderr
 
 
