@@ -93,11 +93,15 @@ def build_toy_job(args, info) -> TrainJob:
     )
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="toy_train")
     add_train_flags(parser)
     add_toy_flags(parser)
-    return run(parser.parse_args(argv), build_toy_job)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    return run(parse_args(argv), build_toy_job)
 
 
 if __name__ == "__main__":
