@@ -1,0 +1,54 @@
+"""Every real config builds the exact state dict VOLTA's checkpoints have (keys, shapes, aliases)."""
+import re
+
+import pytest
+import torch
+
+from volta_ml.models import available_configs, build_model, load_config
+
+from conftest import SHARED, shared_path
+
+IGLUE_HEADS = {
+    "TASK19": {"type": "VL-tri-classifier", "num_labels": 3},
+    "TASK15": {"type": "VL-classifier-GQA", "num_labels": 1842},
+    "TASK12": {"type": "VL-binary-classifier", "num_labels": 2},
+    "TASK8": {"type": "VL-logit", "num_labels": 1},
+}
+SECTION = re.compile(r"^## (\S+) / (\S+)\s+\((\d+) keys\)")
+
+
+def reference_sections():
+    sections, current = {}, None
+    for line in shared_path("specs", "state_dict_keys_real_configs.txt").read_text().splitlines():
+        m = SECTION.match(line)
+        if m:
+            current = sections.setdefault((m.group(1), m.group(2)), [])
+        elif line.strip() and current is not None:
+            key, shape = line.split("\t")[:2]
+            current.append((key, tuple(int(x) for x in re.findall(r"\d+", shape.split("]")[0]))))
+    return sections
+
+
+def our_keys(name: str, model_class: str):
+    kind = "pretraining" if model_class == "BertForVLPreTraining" else "tasks"
+    config = load_config(name)
+    with torch.device("meta"):
+        model = build_model(config, IGLUE_HEADS, list(IGLUE_HEADS), kind=kind)
+    return [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+
+
+def test_every_shipped_config_is_covered():
+    names = {name for name, _ in reference_sections()}
+    assert names <= set(available_configs())
+
+
+KEYS_FILE = SHARED / "specs" / "state_dict_keys_real_configs.txt"
+
+
+@pytest.mark.parametrize("section", sorted(reference_sections()) if KEYS_FILE.exists() else [],
+                         ids=lambda s: f"{s[0]}-{s[1]}")
+def test_state_dict_matches_volta(section):
+    expected = reference_sections()[section]
+    got = our_keys(*section)
+    assert dict(got) == dict(expected)
+    assert [k for k, _ in got] == [k for k, _ in expected], "key order differs from VOLTA's"

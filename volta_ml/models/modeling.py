@@ -1,0 +1,155 @@
+"""The VOLTA model classes: backbone (`bert`), fine-tuning model with task heads, pretraining model."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .config import ConfigError, VLConfig
+from .embeddings import build_embeddings
+from .heads import Pooler, PreTrainingHeads, build_task_head, is_region_head, region_logits
+from .layers import VLEncoder, additive_mask, init_weights
+
+
+@dataclass
+class EncoderOutput:
+    seq_t: torch.Tensor                     # [B, L, H] final text states (padded rows included)
+    seq_v: torch.Tensor                     # [B, R, Hv] final vision states
+    pooled_t: torch.Tensor | None           # [B, P] (None for fusion "none")
+    pooled_v: torch.Tensor | None           # [B, Pv] (fusion mul/sum only)
+    layers_t: list[torch.Tensor] = field(default_factory=list)  # embeddings + every sub-layer, if asked
+    layers_v: list[torch.Tensor] = field(default_factory=list)
+
+
+def _default_masks(input_txt, input_imgs, attention_mask, image_attention_mask):
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_txt)
+    if image_attention_mask is None:
+        image_attention_mask = torch.ones(input_imgs.shape[:2], dtype=torch.long, device=input_imgs.device)
+    return attention_mask, image_attention_mask
+
+
+class VLBertModel(nn.Module):
+    """VOLTA's BertModel: embeddings, the unified sub-layer encoder and the poolers."""
+
+    def __init__(self, config: VLConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings, v_embeddings = build_embeddings(config)
+        if v_embeddings is not None:
+            self.v_embeddings = v_embeddings
+        self.encoder = VLEncoder(config)
+        fusion = config.fusion_method
+        if fusion != "none":
+            self.t_pooler = Pooler(config.hidden_size, config.pooler_size, config.fusion_act)
+        if fusion in ("mul", "sum"):
+            if config.pooler_size != config.v_pooler_size:
+                raise ConfigError(f"{config.source}: fusion {fusion!r} needs pooler_size == v_pooler_size, got "
+                                  f"{config.pooler_size} and {config.v_pooler_size}")
+            self.v_pooler = Pooler(config.v_hidden_size, config.v_pooler_size, config.fusion_act)
+
+    def embed(self, input_txt, input_imgs, image_loc, token_type_ids=None):
+        if hasattr(self, "v_embeddings"):
+            return self.embeddings(input_txt, token_type_ids), self.v_embeddings(input_imgs, image_loc)
+        return self.embeddings(input_txt, input_imgs, image_loc, token_type_ids)
+
+    def forward(self, input_txt, input_imgs, image_loc, token_type_ids=None, attention_mask=None,
+                image_attention_mask=None, output_all_encoded_layers: bool = False) -> EncoderOutput:
+        attention_mask, image_attention_mask = _default_masks(input_txt, input_imgs, attention_mask,
+                                                              image_attention_mask)
+        t, v = self.embed(input_txt, input_imgs, image_loc, token_type_ids)
+        dtype = t.dtype
+        all_t, all_v = self.encoder(t, v, additive_mask(attention_mask, dtype),
+                                    additive_mask(image_attention_mask, dtype), output_all_encoded_layers)
+        seq_t, seq_v = all_t[-1], all_v[-1]
+        pooled_t = pooled_v = None
+        if hasattr(self, "t_pooler"):
+            index = None
+            if self.config.fusion_method == "vl-bert_vqa":
+                index = (input_txt != 0).sum(1) - 2   # the [MASK] the VQA loader inserts after the text
+            pooled_t = self.t_pooler(seq_t, index)
+        if hasattr(self, "v_pooler"):
+            pooled_v = self.v_pooler(seq_v)
+        return EncoderOutput(seq_t, seq_v, pooled_t, pooled_v,
+                             all_t if output_all_encoded_layers else [], all_v if output_all_encoded_layers else [])
+
+
+def fuse(config: VLConfig, out: EncoderOutput) -> torch.Tensor | None:
+    fusion = config.fusion_method
+    if fusion == "mul":
+        return out.pooled_t * out.pooled_v
+    if fusion == "sum":
+        return out.pooled_t + out.pooled_v
+    if fusion in ("text", "vl-bert_vqa"):
+        return out.pooled_t
+    return None
+
+
+def _check_task_ids(task_cfg: dict, task_ids) -> list[str]:
+    task_ids = list(task_cfg) if task_ids is None else list(task_ids)
+    unknown = [t for t in task_ids if t not in task_cfg]
+    if unknown:
+        raise ConfigError(f"task ids {unknown} are not in the task config (it has {sorted(task_cfg)})")
+    return task_ids
+
+
+class VLTasksModel(nn.Module):
+    """VOLTA's BertForVLTasks: backbone `bert`, fused pooled vector, one head per task id in `clfs_dict`."""
+
+    def __init__(self, config: VLConfig, task_cfg: dict | None = None, task_ids=None, dropout_prob: float = 0.1):
+        super().__init__()
+        self.config = config
+        self.task_cfg = dict(task_cfg or {})
+        self.bert = VLBertModel(config)
+        self.dropout = nn.Dropout(dropout_prob)   # fixed 0.1 in VOLTA, independent of the config
+        self.clfs_dict = nn.ModuleDict()
+        for tid in _check_task_ids(self.task_cfg, task_ids):
+            self.clfs_dict[tid] = build_task_head(config, tid, self.task_cfg[tid], config.pooler_size)
+        init_weights(self, config.initializer_range)
+
+    def encode(self, input_txt, input_imgs, image_loc, token_type_ids=None, attention_mask=None,
+               image_attention_mask=None, output_all_encoded_layers=False) -> tuple[EncoderOutput, torch.Tensor]:
+        out = self.bert(input_txt, input_imgs, image_loc, token_type_ids, attention_mask, image_attention_mask,
+                        output_all_encoded_layers)
+        pooled = fuse(self.config, out)
+        return out, pooled
+
+    def forward(self, input_txt, input_imgs, image_loc, task_id: str, token_type_ids=None, attention_mask=None,
+                image_attention_mask=None):
+        out, pooled = self.encode(input_txt, input_imgs, image_loc, token_type_ids, attention_mask,
+                                  image_attention_mask)
+        return self.head(task_id, out, pooled, image_attention_mask)
+
+    def head(self, task_id: str, out: EncoderOutput, pooled, image_attention_mask=None) -> torch.Tensor:
+        if task_id not in self.clfs_dict:
+            raise KeyError(f"no head for task {task_id!r}; this model has {list(self.clfs_dict)}")
+        head = self.clfs_dict[task_id]
+        if is_region_head(self.task_cfg[task_id]):
+            mask = image_attention_mask if image_attention_mask is not None else \
+                torch.ones(out.seq_v.shape[:2], device=out.seq_v.device)
+            return region_logits(head, self.dropout(out.seq_v), mask)
+        if pooled is None:
+            raise ConfigError(f"fusion_method {self.config.fusion_method!r} gives no pooled vector; only "
+                              "V-logit heads work with it")
+        return head(self.dropout(pooled))
+
+
+class VLPreTrainingModel(nn.Module):
+    """VOLTA's BertForVLPreTraining without the losses: backbone `bert` + heads `cls`."""
+
+    def __init__(self, config: VLConfig):
+        super().__init__()
+        self.config = config
+        self.bert = VLBertModel(config)
+        self.cls = PreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.dropout = nn.Dropout(0.1)
+        init_weights(self.bert, config.initializer_range)
+
+    def forward(self, input_txt, input_imgs, image_loc, token_type_ids=None, attention_mask=None,
+                image_attention_mask=None) -> dict:
+        out = self.bert(input_txt, input_imgs, image_loc, token_type_ids, attention_mask, image_attention_mask)
+        pooled = fuse(self.config, out)
+        heads = self.cls(out.seq_t, out.seq_v, self.dropout(pooled) if pooled is not None else None)
+        heads["pooled"] = pooled
+        return heads
