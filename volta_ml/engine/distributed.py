@@ -61,15 +61,20 @@ def detect_launch(env=os.environ) -> dict | None:
     return None
 
 
-def pick_device(requested: str, local_rank: int) -> torch.device:
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was requested but torch sees no CUDA device")
-    return torch.device("cuda", max(local_rank, 0) % torch.cuda.device_count())
+def pick_device(requested: str | None, local_rank: int) -> torch.device:
+    """`--device`: None/"auto" -> CUDA when available; "cuda" -> cuda:<local rank>; "cuda:N" as given."""
+    if requested in (None, "", "auto"):
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(requested)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"--device {requested} was requested but torch sees no CUDA device")
+        if device.index is None:
+            device = torch.device("cuda", max(local_rank, 0) % torch.cuda.device_count())
+    return device
 
 
-def init_distributed(local_rank_flag: int = -1, device: str = "auto") -> DistInfo:
+def init_distributed(local_rank_flag: int = -1, device: str | None = None) -> DistInfo:
     launch = detect_launch()
     if launch is None:
         return DistInfo(local_rank=max(local_rank_flag, 0), device=pick_device(device, local_rank_flag))

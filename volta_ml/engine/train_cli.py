@@ -18,7 +18,8 @@ import torch
 
 from volta_ml.engine.distributed import DistInfo, init_distributed, shutdown
 from volta_ml.engine.train import TrainJob, train
-from volta_ml.engine.train_flags import add_train_flags, drop_trailing_deactivate, parse_train_args
+from volta_ml.engine.flags import VoltaArgumentParser
+from volta_ml.engine.train_flags import add_train_flags, parse_train_args
 from volta_ml.engine.train_support import NonFiniteLoss, Preempted
 
 logger = logging.getLogger("volta_ml.train")
@@ -72,9 +73,10 @@ def main(argv: list[str] | None = None) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("train", help="fine-tune on one task (train_task.py flags)",
                                    description="Fine-tune a VOLTA model on one task; same flags as train_task.py.")
+    parser.__class__ = VoltaArgumentParser  # nearest-flag suggestions and the trailing 'deactivate' rule
     add_train_flags(parser)
     parser.set_defaults(func=lambda args: run(args, build_task_job))
 
 
 if __name__ == "__main__":
-    sys.exit(main(drop_trailing_deactivate(sys.argv[1:])))
+    sys.exit(main())
