@@ -106,9 +106,10 @@ def _per_task(raw, tasks: list[str], default, where: str) -> dict[str, list[str]
         return out
     if isinstance(raw, dict):
         for task, value in raw.items():
-            if task not in tasks:
-                raise GridError(f"{where}.{task}: task not in the grid's tasks {tasks}")
-            out[task] = _str_list(value, f"{where}.{task}")
+            if task not in TASKS:      # settings for a known task that is not run now are fine (and ignored)
+                raise GridError(f"{where}.{task}: unknown task (known: {sorted(TASKS)})")
+            if task in tasks:
+                out[task] = _str_list(value, f"{where}.{task}")
         return out
     values = _str_list(raw, where)
     return {t: list(values) for t in tasks}

@@ -123,9 +123,9 @@ def iglue_log_records(root: Path) -> list[dict]:
             continue
         model, task, lang, shot, protocol = key
         scorer = TASKS[task].scorer
-        base = log.with_suffix("")
+        base = log.parent / log.name[: -len(log.suffix)]          # test.de_mt (not Path.with_suffix: ".de_mt")
         try:
-            metrics = scorer_metrics(scorer, base.with_suffix(".out"), base.with_suffix(".err"),
+            metrics = scorer_metrics(scorer, Path(f"{base}.out"), Path(f"{base}.err"),
                                      first_validation=(protocol == "few_shot" and task == "xvnli"))
         except LogError:
             continue
