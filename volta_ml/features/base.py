@@ -8,6 +8,7 @@ first time it is used in a process.
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Iterator
@@ -110,3 +111,51 @@ def open_lmdb_readonly(path: str) -> lmdb.Environment:
     # lock=False: many readers, no writer; readahead=False: random access is the common case.
     return lmdb.open(path, subdir=subdir, readonly=True, lock=False, readahead=False,
                      meminit=False, max_readers=4096, max_dbs=0)
+
+
+# py-lmdb refuses to open one environment twice in a process, and a forked child
+# inherits the parent's registration.  So read-only environments are shared per
+# process: every store on the same path uses one, and a child closes the copy it
+# inherited (safe with lock=False: it only unmaps the child's own mapping) before
+# opening its own.
+_SHARED_ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
+
+
+@functools.lru_cache(maxsize=1024)
+def _real(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def shared_readonly_env(path: str) -> lmdb.Environment:
+    key = _real(path)
+    pid = os.getpid()
+    entry = _SHARED_ENVS.get(key)
+    if entry is not None:
+        if entry[0] == pid:
+            return entry[1]
+        try:
+            entry[1].close()
+        except lmdb.Error:
+            pass
+    env = open_lmdb_readonly(key)
+    _SHARED_ENVS[key] = (pid, env)
+    return env
+
+
+def release_shared_env(path: str) -> None:
+    """Close this process's shared reader of `path` (before writing to it, or on close())."""
+    entry = _SHARED_ENVS.pop(_real(path), None)
+    if entry is not None and entry[0] == os.getpid():
+        entry[1].close()
+
+
+class LmdbStoreMixin:
+    """Handle = this process's shared read-only environment of `self.path`."""
+
+    @property
+    def handle(self):
+        # Looked up on every use (a dict hit): a writer in this process may have closed it.
+        return shared_readonly_env(self.path)
+
+    def close(self) -> None:
+        release_shared_env(self.path)
