@@ -142,3 +142,29 @@ def test_wrong_task_head_warns(env, capsys):
                    "--output_dir", str(env["tmp"] / "wrong_out"), "--data_root", str(env["root"]),
                    "--num_val_workers", "0"])
     assert "has no TASK19 head" in capsys.readouterr().err
+
+
+def test_amp_and_workers_keep_the_forced_score(env, capsys):
+    results, _, err = run(env, capsys, "uniter", "19", ["--split", "test", "--amp", "--num_val_workers", "2"],
+                          force=2)
+    rows = read_jsonl(env["root"] / "XVNLI/annotations/en/test.jsonl")
+    assert last_validation(err) == pytest.approx(100 * sum(r["gold_label"] == "entailment" for r in rows)
+                                                 / len(rows), abs=5e-4)
+    assert len(json.loads((results / "test_result.json").read_text())) == len(rows)
+
+
+def test_user_errors_are_one_line(env, capsys, tmp_path):
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"gold_label": "neutral", "sentence2": "x", "Flikr30kID": "1"}\n{oops\n')
+    ckpt = build_checkpoint(env["uniter"], env["tasks"], "TASK19", tmp_path / "pytorch_model_best.bin")
+    capsys.readouterr()
+    code = eval_cli.main(["--bert_model", str(env["bert"]), "--config_file", str(env["uniter"]),
+                          "--from_pretrained", str(ckpt), "--tasks_config_file", TASKS, "--task", "19",
+                          "--data_root", str(env["root"]), "--val_annotations_jsonpath", str(broken),
+                          "--output_dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "broken.jsonl:2: not valid JSON" in err and "Traceback" not in err
+    capsys.readouterr()
+    code = eval_cli.main(["--config_file", str(env["uniter"]), "--from_pretrained", str(ckpt),
+                          "--tasks_config_file", TASKS, "--task", "4", "--output_dir", str(tmp_path)])
+    assert code == 2 and "available: TASK8, TASK12, TASK15, TASK19, TASK20" in capsys.readouterr().err
