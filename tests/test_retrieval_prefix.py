@@ -2,9 +2,12 @@
 import pytest
 import torch
 
-from tiny import tiny_config, tiny_batch
+from retrieval_helpers import one_thread
+from tiny import tiny_batch, tiny_config
 from volta_ml.models import ConfigError, VLBertModel, build_model
 from volta_ml.models.modeling import fuse
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TASKS = {"TASK8": {"name": "RetrievalxFlickrCO", "type": "VL-logit", "num_labels": 1}}
 
