@@ -112,7 +112,7 @@ def test_marvl_forced_true_score_and_consistency(env, capsys):
     groups = defaultdict(list)
     for r in rows:
         groups[r["caption"]].append(bool(r["label"]))
-    consistency = 100 * sum(all(v) for v in groups.values()) / len(groups)
+    consistency = sum(all(v) for v in groups.values()) / len(groups) * 100
     lines = err.strip().splitlines()
     assert "Validation [NLVR2]:" in lines[-2] and last_validation(err) == pytest.approx(expected, abs=5e-4)
     assert lines[-1].split("Consistency: ")[1] == repr(consistency)

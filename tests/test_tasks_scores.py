@@ -72,6 +72,9 @@ def test_gqa_score_denominator_skips_unknown_ids(tmp_path):
              {"questionId": "3", "prediction": "cat"}, {"questionId": "99", "prediction": "yes"}]
     accuracy, matched = gqa.gqa_accuracy(preds, truth)
     assert matched == 3 and accuracy == 2 / 3 * 100  # IGLUE: the unknown id 99 is not in the denominator
+    many_truth = {str(i): {"answer": "yes"} for i in range(9666)}
+    many = [{"questionId": str(i), "prediction": "yes" if i < 3367 else "no"} for i in range(9666)]
+    assert repr(gqa.gqa_accuracy(many, many_truth)[0]) == "34.83343678874405"  # an IGLUE xGQA log value
     (tmp_path / "p.json").write_text(json.dumps(preds))
     (tmp_path / "t.json").write_text(json.dumps(truth))
     for command in ([sys.executable, str(REPO / "scripts/GQA_score.py")],
@@ -102,6 +105,9 @@ def test_nlvr2_pairs_rows_and_consistency():
     assert nlvr2.consistency(rows) == pytest.approx(200 / 3)  # groups b and c all right, a not
     assert nlvr2.extra_metrics(rows, "TASK12") == {"consistency": pytest.approx(200 / 3)}
     assert nlvr2.extra_metrics(rows, "TASK5") == {}  # VOLTA only computes it for TASK12
+    # 663 of 1987 sentence groups all right: IGLUE's ctrl_xuniter NLVR2 log line, digit for digit
+    groups = [{"sentence": f"s{i}", "prediction": 1, "label": int(i < 663)} for i in range(1987)]
+    assert f"Consistency: {nlvr2.consistency(groups)}" == "Consistency: 33.36688475088073"
 
 
 def test_retrieval_cross_entropy_triplet_and_score():
