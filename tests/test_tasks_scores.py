@@ -31,14 +31,15 @@ class RecordingModel(torch.nn.Module):
 
 
 def batch_of(b, rows, txt=5, feat=4, extra=()):
-    shape = (b, *extra)
-    return {"input_txt": torch.arange(b * txt).view(b, txt).repeat_interleave(1, 0).reshape(*shape, -1)
-            if not extra else torch.arange(b * extra[0] * txt).view(*shape, txt),
-            "input_imgs": torch.arange(b * (extra[0] if extra else 1) * rows * feat, dtype=torch.float32)
-            .view(*shape, rows, feat),
-            "image_loc": torch.zeros(*shape, rows, 5), "image_attention_mask": torch.ones(*shape, rows, dtype=torch.long),
-            "token_type_ids": torch.zeros(*shape, txt, dtype=torch.long),
-            "attention_mask": torch.ones(*shape, txt, dtype=torch.long)}
+    """A batch of distinct, recognisable inputs: `extra=(4,)` adds retrieval's options dimension."""
+    lead = (b, *extra)
+    count = int(torch.tensor(lead).prod())
+    return {"input_txt": torch.arange(count * txt).view(*lead, txt),
+            "input_imgs": torch.arange(count * rows * feat, dtype=torch.float32).view(*lead, rows, feat),
+            "image_loc": torch.zeros(*lead, rows, 5),
+            "image_attention_mask": torch.ones(*lead, rows, dtype=torch.long),
+            "token_type_ids": torch.zeros(*lead, txt, dtype=torch.long),
+            "attention_mask": torch.ones(*lead, txt, dtype=torch.long)}
 
 
 def test_xvnli_accuracy_counts_dash_labels_as_wrong():
