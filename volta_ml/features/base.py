@@ -82,6 +82,10 @@ class FeatureStore(Mapping):
                                   f"{self.expected_dim} expected", str(image_id))
         return record
 
+    def get(self, image_id, default=None):
+        # Mapping.get would build the near-match message of a KeyError just to discard it.
+        return self[image_id] if image_id in self else default
+
     def _near_match_pool(self):
         try:
             return self.keys_list()
@@ -110,3 +114,53 @@ def open_lmdb_readonly(path: str) -> lmdb.Environment:
     # lock=False: many readers, no writer; readahead=False: random access is the common case.
     return lmdb.open(path, subdir=subdir, readonly=True, lock=False, readahead=False,
                      meminit=False, max_readers=4096, max_dbs=0)
+
+
+# py-lmdb refuses to open one environment twice in a process, and a forked child
+# inherits the parent's registration.  So read-only environments are shared per
+# process: every store on the same path uses one, and a child closes the copy it
+# inherited (safe with lock=False: it only unmaps the child's own mapping) before
+# opening its own.
+_SHARED_ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
+
+
+def shared_readonly_env(path: str) -> lmdb.Environment:
+    pid = os.getpid()
+    entry = _SHARED_ENVS.get(path)  # fast path: callers on the hot path pass the real path
+    if entry is not None and entry[0] == pid:
+        return entry[1]
+    key = os.path.realpath(path)
+    entry = _SHARED_ENVS.get(key)
+    if entry is not None:
+        if entry[0] == pid:
+            return entry[1]
+        try:
+            entry[1].close()
+        except lmdb.Error:
+            pass
+    env = open_lmdb_readonly(key)
+    _SHARED_ENVS[key] = (pid, env)
+    return env
+
+
+def release_shared_env(path: str) -> None:
+    """Close this process's shared reader of `path` (before writing to it, or on close())."""
+    entry = _SHARED_ENVS.pop(os.path.realpath(path), None)
+    if entry is not None and entry[0] == os.getpid():
+        entry[1].close()
+
+
+class LmdbStoreMixin:
+    """Handle = this process's shared read-only environment of `self.path`."""
+
+    @property
+    def handle(self):
+        # Looked up on every use (a dict hit): a writer in this process may have closed it.
+        # Keyed by the real path fixed at first use, so a later chdir cannot change it.
+        real = self.__dict__.get("_real_path")
+        if real is None:
+            real = self._real_path = os.path.realpath(self.path)
+        return shared_readonly_env(real)
+
+    def close(self) -> None:
+        release_shared_env(self.path)

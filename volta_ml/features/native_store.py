@@ -16,9 +16,10 @@ import shutil
 import lmdb
 import numpy as np
 
-from .base import FeatureStore, open_lmdb_readonly
+from .base import FeatureStore, LmdbStoreMixin, release_shared_env, shared_readonly_env
 from .native_codec import decode_record, encode_record
-from .records import FeatureDimError, FeatureStoreError, IncompleteStoreError, make_record
+from .records import (FeatureDimError, FeatureRecord, FeatureStoreError, IncompleteStoreError,
+                      make_record)
 
 META_KEY = b"__volta_ml_meta__"
 FORMAT_NAME = "volta-ml-features"
@@ -34,16 +35,12 @@ def read_meta(env: lmdb.Environment) -> dict | None:
     return None if raw is None else json.loads(raw)
 
 
-class NativeStore(FeatureStore):
+class NativeStore(LmdbStoreMixin, FeatureStore):
     format_name = "native"
 
     def __init__(self, path: str, expected_dim: int | None = None):
         super().__init__(path, expected_dim)
-        env = open_lmdb_readonly(self.path)
-        try:
-            meta = read_meta(env)
-        finally:
-            env.close()
+        meta = read_meta(shared_readonly_env(self.path))
         if meta is None or meta.get("format") != FORMAT_NAME:
             raise FeatureStoreError(self.path, "not a volta-ml native store (no metadata record)")
         if meta.get("version", 0) > FORMAT_VERSION:
@@ -60,9 +57,6 @@ class NativeStore(FeatureStore):
         if expected_dim is not None and dim is not None and dim != expected_dim:
             raise FeatureDimError(self.path, f"store holds {dim}-d features but {expected_dim} expected")
         self._keys = None
-
-    def _open_handle(self):
-        return open_lmdb_readonly(self.path)
 
     def keys_list(self) -> list[str]:
         if self._keys is None:
@@ -87,16 +81,13 @@ class NativeStore(FeatureStore):
         if value is None:
             return None
         try:
-            header, arrays = decode_record(value)
-            features = arrays.pop("features")
-            boxes = arrays.pop("boxes")
-        except (ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as err:
+            n, w, h, features, boxes, extra = decode_record(value)
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as err:
             raise FeatureStoreError(self.path, f"corrupt record: {err}", image_id) from None
-        extra = dict(arrays)
-        extra.update(header.get("meta", {}))
         if features.dtype != np.float32:
             features = features.astype(np.float32)
-        return make_record(self.path, image_id, features, boxes, header["w"], header["h"], extra)
+        # Shapes and sizes were validated when the record was written: no second check here.
+        return FeatureRecord(features, boxes, w, h, n, extra)
 
     def describe(self) -> dict:
         info = super().describe()
@@ -117,6 +108,7 @@ class NativeWriter:
             raise FileExistsError(f"{self.path} is a complete feature store; pass overwrite=True "
                                   "to replace it or append=True to add to it")
         if overwrite and os.path.exists(self.path):
+            release_shared_env(self.path)
             shutil.rmtree(self.path)
             existing = None
         if existing is not None:  # resume a crashed write, or append
@@ -124,6 +116,7 @@ class NativeWriter:
             feature_dim = feature_dim or existing.get("feature_dim")
             meta = {**existing.get("extra_meta", {}), **meta}
         os.makedirs(self.path, exist_ok=True)
+        release_shared_env(self.path)
         self._env = lmdb.open(self.path, map_size=_MAP_SIZE, writemap=False, meminit=False,
                               readahead=False, max_dbs=0)
         self.feature_dtype = feature_dtype
@@ -141,12 +134,10 @@ class NativeWriter:
             if os.path.exists(self.path) and os.listdir(self.path):
                 raise FileExistsError(f"{self.path} exists and is not a volta-ml native store")
             return None
-        env = lmdb.open(self.path, readonly=True, lock=False)
-        try:
-            meta = read_meta(env)
-            empty = env.stat()["entries"] == 0
-        finally:
-            env.close()
+        env = shared_readonly_env(self.path)
+        meta = read_meta(env)
+        empty = env.stat()["entries"] == 0
+        release_shared_env(self.path)
         if meta is None and not empty:
             raise FileExistsError(f"{self.path} is an LMDB but not a volta-ml native store")
         return meta

@@ -32,6 +32,8 @@ def load_npy_safely(path: str, store: str, key: str):
                 return safe_load(f, store, key)
             count = int(np.prod(shape)) if shape else 1
             data = f.read(count * dtype.itemsize)
+    except FeatureStoreError:
+        raise
     except (ValueError, OSError) as err:
         raise FeatureStoreError(store, f"unreadable {os.path.basename(path)}: {err}", key) from None
     if len(data) != count * dtype.itemsize:

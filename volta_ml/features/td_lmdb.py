@@ -18,7 +18,7 @@ import msgpack
 import numpy as np
 from tqdm import tqdm
 
-from .base import FeatureStore, open_lmdb_readonly
+from .base import FeatureStore, LmdbStoreMixin, release_shared_env, shared_readonly_env
 from .records import FeatureStoreError, IncompleteStoreError
 from .safe_pickle import safe_loads
 from .volta_lmdb import record_from_volta_dict
@@ -111,17 +111,13 @@ def split_images(store: str, key: str, item):
     return [(_text(item.get("img_id", key)), item)]
 
 
-class TdLmdbStore(FeatureStore):
+class TdLmdbStore(LmdbStoreMixin, FeatureStore):
     format_name = "td-lmdb"
 
     def __init__(self, path: str, expected_dim: int | None = None):
         super().__init__(path, expected_dim)
-        env = open_lmdb_readonly(self.path)
-        try:
-            with env.begin() as txn:
-                raw_keys = txn.get(TD_KEYS_KEY)
-        finally:
-            env.close()
+        with shared_readonly_env(self.path).begin() as txn:
+            raw_keys = txn.get(TD_KEYS_KEY)
         if raw_keys is None:
             raise IncompleteStoreError(self.path, "no b'__keys__' record: half-written td-LMDB")
         keys = unpack_value(raw_keys, self.path, "__keys__")
@@ -131,9 +127,6 @@ class TdLmdbStore(FeatureStore):
             raise IncompleteStoreError(self.path, "empty td-LMDB (0 records)")
         self.record_keys = [k if isinstance(k, bytes) else str(k).encode() for k in keys]
         self._index = None  # image id -> (record key, position inside the record)
-
-    def _open_handle(self):
-        return open_lmdb_readonly(self.path)
 
     @property
     def num_records(self) -> int:
@@ -200,6 +193,7 @@ class TdLmdbWriter:
         if serializer not in ("msgpack", "pickle"):
             raise ValueError(f"serializer must be msgpack or pickle, not {serializer!r}")
         self.path = str(path)
+        release_shared_env(self.path)
         if os.path.exists(os.path.join(self.path, "data.mdb")):
             if not overwrite:
                 raise FileExistsError(f"{self.path} already exists; pass overwrite=True")

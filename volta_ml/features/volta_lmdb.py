@@ -21,7 +21,7 @@ import pickle
 import lmdb
 import numpy as np
 
-from .base import FeatureStore, open_lmdb_readonly
+from .base import FeatureStore, LmdbStoreMixin, release_shared_env, shared_readonly_env
 from .records import (FeatureDimError, FeatureStoreError, IncompleteStoreError, make_record)
 from .safe_pickle import safe_loads
 
@@ -74,18 +74,15 @@ def record_from_volta_dict(store: str, key: str, item, expected_dim: int | None 
     return make_record(store, key, features, boxes, item["img_w"], item["img_h"], extra)
 
 
-class VoltaLmdbStore(FeatureStore):
+class VoltaLmdbStore(LmdbStoreMixin, FeatureStore):
     format_name = "volta-lmdb"
 
     def __init__(self, path: str, expected_dim: int | None = None):
         super().__init__(path, expected_dim)
-        env = open_lmdb_readonly(self.path)
-        try:
-            entries = env.stat()["entries"]
-            with env.begin() as txn:
-                has_keys = txn.get(KEYS_KEY) is not None
-        finally:
-            env.close()
+        env = shared_readonly_env(self.path)
+        entries = env.stat()["entries"]
+        with env.begin() as txn:
+            has_keys = txn.get(KEYS_KEY) is not None
         if entries == 0:
             raise IncompleteStoreError(self.path, "empty LMDB (no records)")
         if not has_keys:
@@ -94,9 +91,6 @@ class VoltaLmdbStore(FeatureStore):
                 "it last) or not a VOLTA feature LMDB")
         self._keys = None
         self.encoding = None  # "raw" or "base64", learnt from the first record read
-
-    def _open_handle(self):
-        return open_lmdb_readonly(self.path)
 
     def keys_list(self) -> list[str]:
         if self._keys is None:
@@ -158,6 +152,7 @@ class VoltaLmdbWriter:
         if encoding not in ("raw", "base64"):
             raise ValueError(f"encoding must be 'raw' or 'base64', not {encoding!r}")
         self.path = str(path)
+        release_shared_env(self.path)
         if os.path.exists(os.path.join(self.path, "data.mdb")):
             if not overwrite:
                 raise FileExistsError(f"{self.path} already exists; pass overwrite=True")
