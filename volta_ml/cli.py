@@ -14,9 +14,10 @@ import sys
 # and a broken optional area cannot take the whole command down.
 COMMAND_MODULES = [
     "volta_ml.models.cli",
+    "volta_ml.features.cli",
     "volta_ml.engine.eval_cli",
     "volta_ml.engine.gqa_score_cli",
-    "volta_ml.features.cli",
+    "volta_ml.engine.train_cli",
     "volta_ml.protocols.cli",
 ]
 
