@@ -112,7 +112,7 @@ def test_marvl_forced_true_score_and_consistency(env, capsys):
     groups = defaultdict(list)
     for r in rows:
         groups[r["caption"]].append(bool(r["label"]))
-    consistency = 100 * sum(all(v) for v in groups.values()) / len(groups)
+    consistency = sum(all(v) for v in groups.values()) / len(groups) * 100
     lines = err.strip().splitlines()
     assert "Validation [NLVR2]:" in lines[-2] and last_validation(err) == pytest.approx(expected, abs=5e-4)
     assert lines[-1].split("Consistency: ")[1] == repr(consistency)
@@ -140,8 +140,10 @@ def test_wrong_task_head_warns(env, capsys):
     eval_cli.main(["--bert_model", str(env["bert"]), "--do_lower_case", "--config_file", str(config),
                    "--from_pretrained", str(ckpt), "--tasks_config_file", TASKS, "--task", "19",
                    "--output_dir", str(env["tmp"] / "wrong_out"), "--data_root", str(env["root"]),
-                   "--num_val_workers", "0"])
+                   "--num_val_workers", "0", "--cache_dir", str(env["tmp"] / "token_cache")])
     assert "has no TASK19 head" in capsys.readouterr().err
+    assert len(list((env["tmp"] / "token_cache").glob("*.npz"))) == 1  # the cache lives outside the data
+    assert not list(env["root"].rglob("cache"))
 
 
 def test_amp_and_workers_keep_the_forced_score(env, capsys):

@@ -248,3 +248,18 @@ def test_retrieval_hard_negatives_for_the_train_split(tmp_path, bert):
         hard_image = 3 if index == 7 else 7
         expected = encode_texts(bert, [rows[hard_image]["sentences"][0]], 24)[0][0]
         assert np.array_equal(dataset[index]["input_txt"][3], expected)
+
+
+def test_retrieval_single_image_uses_mask_text_and_store_images(tmp_path, bert):
+    path = need_iglue() / "xFlickrCO/annotations/de/train_1.jsonl"
+    row = read_jsonl(path)[0]
+    own = str(int(row["img_path"].split(".")[0]))
+    store = make_store(tmp_path / "one.lmdb", [own, "111", "222"])
+    entry = {"name": "RetrievalFlickr30k", "type": "VL-logit", "max_seq_length": 16, "max_region_num": 36}
+    view = view_of(store)
+    dataset = retrieval.build_dataset(entry, "train_de_1", bert, view, annotation_path=str(path))
+    item = dataset[0]
+    mask = encode_texts(bert, ["[MASK]"], 16)[0][0]
+    assert np.array_equal(item["input_txt"][1], mask) and np.array_equal(item["input_txt"][3], mask)
+    others = [np.asarray(view[k].features) for k in ("111", "222")]
+    assert any(np.array_equal(item["input_imgs"][2], o) for o in others)

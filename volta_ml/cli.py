@@ -17,6 +17,8 @@ COMMAND_MODULES = [
     "volta_ml.features.cli",
     "volta_ml.engine.eval_cli",
     "volta_ml.engine.gqa_score_cli",
+    "volta_ml.engine.train_cli",
+    "volta_ml.protocols.cli",
 ]
 
 

@@ -82,6 +82,10 @@ class FeatureStore(Mapping):
                                   f"{self.expected_dim} expected", str(image_id))
         return record
 
+    def get(self, image_id, default=None):
+        # Mapping.get would build the near-match message of a KeyError just to discard it.
+        return self[image_id] if image_id in self else default
+
     def _near_match_pool(self):
         try:
             return self.keys_list()

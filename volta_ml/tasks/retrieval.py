@@ -135,8 +135,8 @@ class RetrievalDataset(TaskDataset):
         if len(self.images) >= 2:
             other = rng.randrange(len(self.images) - 1)
             return self.images[other + (other >= image)]
-        keys = [k for k in getattr(getattr(self.region_view, "store", {}), "keys", lambda: [])()
-                if k != self.images[image]]
+        # a single-image dataset: VOLTA takes a random image of the whole store
+        keys = [k for k in self.region_view.keys() if k != self.images[image]]
         return rng.choice(keys) if keys else self.images[image]
 
     def _hard_caption(self, rng, image: int):
