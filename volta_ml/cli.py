@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "volta_ml.engine.gqa_score_cli",
     "volta_ml.engine.train_cli",
     "volta_ml.protocols.cli",
+    "volta_ml.protocols.demo_cli",
 ]
 
 
