@@ -71,7 +71,8 @@ def run_demo(out_dir: str | Path, size: str = "full", seed: int = 0, threads: in
     if threads:
         torch.set_num_threads(threads)
     out = Path(out_dir).resolve()
-    for stale in ("data", "features", "train", "results.json", "results.md", "results.png"):
+    for stale in ("data", "features", "train", "tables", "plots", "predictions", "results.json", "results.md",
+                  "results.png", "records.json", "demo_tasks.yml", "ctrl_uniter_demo.json"):
         target = out / stale
         if target.is_dir():
             shutil.rmtree(target)
@@ -96,15 +97,20 @@ def run_demo(out_dir: str | Path, size: str = "full", seed: int = 0, threads: in
         f"{preset.min_size}/{preset.max_size}: the real BUTD R101-C4 code path with a small ResNet trunk "
         f"{demo_stages.BACKBONE_ARCH['blocks']} whose weights are RANDOM (seed {seed}); no detector weights "
         f"exist offline, so these features only carry colour and shape, not learnt semantics.")
-    store = out / "features" / "demo_shapes.native"
+    raw_store = out / "features" / "demo_shapes_raw.native"
     items = [(p.stem, p) for p in sorted(data.images_dir.glob("*.png"))]
-    with torch.no_grad(), open_writer(store, fmt="native", overwrite=True, extractor=preset.name,
+    with torch.no_grad(), open_writer(raw_store, fmt="native", overwrite=True, extractor=preset.name,
                                       box_rule="given boxes (drawn shapes)", weights=f"random seed {seed}") as w:
         summary = extract_images(detector, preset, items, w, FailureLog(out / "features" / "failures.jsonl"),
                                  given_boxes=load_given_boxes(data.boxes_path), progress=progress)
     if summary.failed:
         raise RuntimeError(f"feature extraction failed for {summary.failed} image(s); see {summary.failures_path}")
     del detector
+    store = out / "features" / "demo_shapes.native"
+    stats = demo_stages.whiten_store(raw_store, store, demo_stages.FEATURE_DIMS, progress)
+    say(f"[extract] {raw_store.name}: the extractor's 2048-d output; {store.name}: PCA-whitened to "
+        f"{demo_stages.FEATURE_DIMS} dimensions ({100 * stats['explained']:.0f}% of the variance of "
+        f"{stats['regions']} regions), so that a small model learns in minutes from random-weight features.")
     seconds["extract"] = time.time() - start
 
     # 3. train ------------------------------------------------------------------------------------------
@@ -114,7 +120,8 @@ def run_demo(out_dir: str | Path, size: str = "full", seed: int = 0, threads: in
     task_cfg = load_task_config(task_yaml)
     entry = task_cfg[demo_stages.TASK_KEY]
     seed_everything(seed)
-    model, tokenizer, config, load_report = demo_stages.build_demo_model(seed, task_cfg)
+    model, tokenizer, config, load_report = demo_stages.build_demo_model(
+        seed, task_cfg, out / "ctrl_uniter_demo.json")
     say(f"[train] model: {demo_stages.MODEL_FAMILY} shrunk to {demo_stages.TEXT_LAYERS} layers x 384 "
         f"({sum(p.numel() for p in model.parameters()):,} parameters); text stream initialised from MiniLM "
         f"(English-only BERT, {load_report.summary().split(';')[0]}); vision side random.")

@@ -34,7 +34,7 @@ The demo writes demo_tasks.yml, an IGLUE task config pointing at its own files: 
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="volta_ml_demo", help="output directory (default: ./volta_ml_demo); "
+    parser.add_argument("--out", default="demo_out", help="output directory (default: ./demo_out); "
                                                                   "the demo's previous files there are replaced")
     parser.add_argument("--size", choices=["small", "full"], default="full",
                         help="full: 600 training scenes, ~2-4 min on 2 CPU cores; small: 150 (tests, CI)")

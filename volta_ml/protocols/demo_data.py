@@ -10,7 +10,7 @@ shapes are kept for the extractor's given-box mode. Each scene gets four hypothe
 
 so the label is decided by the colour and shape of the regions: from the text alone the best guess (and
 the majority class, contradiction) scores 50%. Absent objects often share their colour with one drawn shape
-and their shape with another, so the model must bind colour to shape per region.
+and their shape with another, so colour must be bound to shape per region.
 
 Files (`<root>` = the output directory's `data/`), in the real XVNLI formats so the real loaders read them:
 - `images/<id>.png`, `boxes.json` ({image id: [[x1, y1, x2, y2], ...]}, the extractor's `--boxes` file);
@@ -81,12 +81,12 @@ def _place_boxes(rng: np.random.Generator, count: int) -> list[list[float]]:
 def draw_scene(rng: np.random.Generator, objects: list[tuple[str, str]], boxes: list[list[float]]):
     from PIL import Image, ImageDraw
 
-    tint = rng.integers(150, 240, size=3)
-    pixels = np.clip(tint + rng.normal(0, 12, size=(IMAGE_H, IMAGE_W, 3)), 0, 255).astype(np.uint8)
+    tint = rng.integers(215, 241, size=3)  # light, nearly grey: colour and shape are what varies
+    pixels = np.clip(tint + rng.normal(0, 6, size=(IMAGE_H, IMAGE_W, 3)), 0, 255).astype(np.uint8)
     image = Image.fromarray(pixels, "RGB")
     draw = ImageDraw.Draw(image)
     for (colour, shape), (x1, y1, x2, y2) in zip(objects, boxes):
-        fill = tuple(int(np.clip(v + rng.integers(-20, 21), 0, 255)) for v in words.RGB[colour])
+        fill = tuple(int(np.clip(v + rng.integers(-12, 13), 0, 255)) for v in words.RGB[colour])
         if shape == "circle":
             draw.ellipse([x1, y1, x2, y2], fill=fill)
         elif shape == "square":
@@ -97,12 +97,12 @@ def draw_scene(rng: np.random.Generator, objects: list[tuple[str, str]], boxes: 
 
 
 def _absent_object(rng: np.random.Generator, objects: list[tuple[str, str]]) -> tuple[str, str]:
-    """An object not drawn; two times in three it mixes a drawn colour with another drawn shape."""
+    """An object not drawn; one time in three it mixes a drawn colour with another drawn shape."""
     drawn = set(objects)
     colours = sorted({c for c, _ in objects})
     shapes = sorted({s for _, s in objects})
     binding = [(c, s) for c in colours for s in shapes if (c, s) not in drawn]
-    if binding and rng.random() < 2 / 3:
+    if binding and rng.random() < 1 / 3:
         return binding[int(rng.integers(len(binding)))]
     pool = [(c, s) for c in words.COLOURS for s in words.SHAPES if (c, s) not in drawn]
     return pool[int(rng.integers(len(pool)))]
