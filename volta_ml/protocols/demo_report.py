@@ -41,9 +41,9 @@ def findings(scores: dict[str, float], chance: dict[str, float]) -> list[str]:
                      f"({text_only:.1f}%): this run did not learn the visual part of the task.")
     shuffled = scores.get("en_shuffled")
     if shuffled is not None:
-        verb = "falls" if shuffled < en - 5 else "stays"
-        lines.append(f"With every hypothesis paired with another scene's image, English accuracy {verb} to "
-                     f"{shuffled:.1f}%" + (": the predictions depend on the pictures." if verb == "falls"
+        verb = "falls to" if shuffled < en - 5 else "stays at"
+        lines.append(f"With every hypothesis paired with another scene's image, English accuracy {verb} "
+                     f"{shuffled:.1f}%" + (": the predictions depend on the pictures." if verb == "falls to"
                                            else ": the predictions barely depend on the pictures."))
     langs = [k for k in scores if k not in ("en", "en_shuffled") and not k.endswith("_mt")]
     if langs:

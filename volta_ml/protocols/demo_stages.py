@@ -17,7 +17,7 @@ PRESET_SCALE = {"min_size": 240, "max_size": 320}
 BACKBONE_ARCH = {"blocks": (1, 1, 1, 1), "width_per_group": 16}
 
 MODEL_FAMILY = "ctrl_uniter_base"
-TEXT_LAYERS = 4          # first layers of MiniLM-L6 kept (each is one attention + one feed-forward sublayer)
+TEXT_LAYERS = 2          # first layers of MiniLM-L6 kept (each is one attention + one feed-forward sublayer)
 TASK_KEY = "TASK19"      # XVNLI's id in IGLUE's task configs
 FEATURE_DIMS = 64        # region features after PCA whitening (the model's v_feature_size)
 
@@ -44,10 +44,11 @@ def minilm_dir() -> Path | None:
     return path if (path / "vocab.txt").is_file() and (path / "model.safetensors").is_file() else None
 
 
-def shrunk_config(text_layers: int = TEXT_LAYERS) -> dict:
+def shrunk_config(text_layers: int | None = None) -> dict:
     """`ctrl_uniter_base.json` at MiniLM's width (384, 12 heads, 1536) and `text_layers` layers."""
     from volta_ml.models.config import read_config_json, resolve_config_path
 
+    text_layers = text_layers or TEXT_LAYERS
     cfg = read_config_json(resolve_config_path(MODEL_FAMILY))
     attn = list(range(0, 2 * text_layers, 2))
     ff = list(range(1, 2 * text_layers, 2))
@@ -76,7 +77,7 @@ def task_entry(data_root: Path, store: Path, size_name: str) -> dict:
         "train_annotations_jsonpath": "", "val_annotations_jsonpath": "",
         "max_seq_length": 24, "max_region_num": 6,  # <= 4 shapes + the global row, with room
         "batch_size": 32, "eval_batch_size": 128, "train_split": "train", "val_split": "dev",
-        "lr": 0.0002, "num_epoch": 8 if small else 5,
+        "lr": 0.0002, "num_epoch": 2 if small else 5,
     }
 
 
