@@ -129,7 +129,10 @@ def test_retrieval_as_classification(env, capsys):
     assert len(predictions) == 100 and all(len(p["answer"]) == 4 for p in predictions)
     assert all(abs(sum(p["answer"]) - 1) < 1e-5 for p in predictions)
     picked_positive = sum(max(range(4), key=lambda i: p["answer"][i]) == 0 for p in predictions)
-    assert last_validation(err) == pytest.approx(picked_positive, abs=5e-4)
+    # a random tiny model gives near-uniform options: rows whose top two probabilities tie after float32
+    # rounding may be decided differently by the logits (score) and the written probabilities
+    near_ties = sum(sorted(p["answer"])[-1] - sorted(p["answer"])[-2] < 1e-6 for p in predictions)
+    assert abs(last_validation(err) - picked_positive) <= near_ties + 5e-4
     assert "Validation [RetrievalxFlickrCO]" in err.splitlines()[-1]
 
 
