@@ -14,6 +14,7 @@ import sys
 # and a broken optional area cannot take the whole command down.
 COMMAND_MODULES = [
     "volta_ml.models.cli",
+    "volta_ml.features.cli",
 ]
 
 

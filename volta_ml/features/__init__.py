@@ -1,0 +1,50 @@
+"""Region-feature stores: read every VOLTA/IGLUE format, write a better one.
+
+Public API (see docs/architecture.md and docs/features.md):
+- `open_store(path)` -> read-only Mapping[str, FeatureRecord], format detected from the path;
+- `RegionView(store, ...)` -> per-sample padded model inputs, exactly as VOLTA builds them;
+- `open_writer(path, fmt=...)` -> a writer whose store becomes valid only once closed.
+"""
+from __future__ import annotations
+
+from .detect import detect_format
+from .records import (FeatureDimError, FeatureRecord, FeatureStoreError, IncompleteStoreError,
+                      MissingImageError)
+from .region_view import RegionSample, RegionView, box_locations
+from .safe_pickle import UnsafePickleError
+from .writers import open_writer
+
+Record = FeatureRecord
+
+__all__ = ["open_store", "open_writer", "detect_format", "RegionView", "RegionSample",
+           "FeatureRecord", "Record", "FeatureStoreError", "IncompleteStoreError",
+           "FeatureDimError", "MissingImageError", "UnsafePickleError", "box_locations"]
+
+
+def _reader_class(fmt: str):
+    if fmt == "native":
+        from .native_store import NativeStore
+        return NativeStore
+    if fmt == "volta-lmdb":
+        from .volta_lmdb import VoltaLmdbStore
+        return VoltaLmdbStore
+    if fmt == "td-lmdb":
+        from .td_lmdb import TdLmdbStore
+        return TdLmdbStore
+    if fmt == "h5":
+        from .h5_store import H5Store
+        return H5Store
+    if fmt == "npy":
+        from .npy_store import NpyStore
+        return NpyStore
+    if fmt == "tsv":
+        from .tsv_store import TsvStore
+        return TsvStore
+    raise ValueError(f"unknown feature store format {fmt!r}")
+
+
+def open_store(path, fmt: str | None = None, feature_dim: int | None = None):
+    """Open a feature store read-only; `fmt` overrides detection, `feature_dim` is enforced."""
+    path = str(path)
+    fmt = fmt or detect_format(path)
+    return _reader_class(fmt)(path, expected_dim=feature_dim)

@@ -1,0 +1,161 @@
+"""What all stores share: a read-only Mapping, opened lazily once per process.
+
+DataLoader workers (fork or spawn) and `multiprocessing` copy the store object;
+file handles must not cross that boundary (an LMDB environment or an HDF5 file
+opened before fork is unsafe in the child).  Each store therefore keeps only
+paths and small metadata in its picklable state and (re)opens its handle the
+first time it is used in a process.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from typing import Iterator
+
+import lmdb
+
+from .records import FeatureRecord, FeatureDimError, MissingImageError
+
+
+class FeatureStore(Mapping):
+    """Read-only mapping image id (str) -> FeatureRecord."""
+
+    format_name = "abstract"
+
+    def __init__(self, path: str, expected_dim: int | None = None):
+        self.path = str(path)
+        self.expected_dim = expected_dim
+        self._handle = None
+        self._handle_pid = None
+
+    # -- per-process handle -------------------------------------------------
+    def _open_handle(self):  # pragma: no cover - every subclass overrides
+        raise NotImplementedError
+
+    def _close_handle(self, handle) -> None:
+        close = getattr(handle, "close", None)
+        if close is not None:
+            close()
+
+    @property
+    def handle(self):
+        pid = os.getpid()
+        if self._handle is None or self._handle_pid != pid:
+            # A handle inherited through fork belongs to the parent: drop it, never close it here.
+            self._handle = self._open_handle()
+            self._handle_pid = pid
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None and self._handle_pid == os.getpid():
+            self._close_handle(self._handle)
+        self._handle = None
+        self._handle_pid = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_handle"] = None
+        state["_handle_pid"] = None
+        return state
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- mapping --------------------------------------------------------------
+    def keys_list(self) -> list[str]:
+        """All image ids, in store order."""
+        raise NotImplementedError
+
+    def read(self, image_id: str) -> FeatureRecord | None:
+        """The record, or None when the id is absent."""
+        raise NotImplementedError
+
+    def __getitem__(self, image_id) -> FeatureRecord:
+        record = self.read(str(image_id))
+        if record is None:
+            raise MissingImageError(str(image_id), self.path, self._near_match_pool())
+        if self.expected_dim is not None and record.feature_dim != self.expected_dim:
+            raise FeatureDimError(self.path, f"feature dimension {record.feature_dim} but "
+                                  f"{self.expected_dim} expected", str(image_id))
+        return record
+
+    def _near_match_pool(self):
+        try:
+            return self.keys_list()
+        except Exception:  # a broken key index must not hide the real KeyError
+            return None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys_list())
+
+    def __len__(self) -> int:
+        return len(self.keys_list())
+
+    def __contains__(self, image_id) -> bool:
+        return self.read(str(image_id)) is not None
+
+    def describe(self) -> dict:
+        """Format-level facts for `volta-ml features inspect`."""
+        return {"format": self.format_name, "path": self.path, "images": len(self)}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r})"
+
+
+def open_lmdb_readonly(path: str) -> lmdb.Environment:
+    subdir = os.path.isdir(path)
+    # lock=False: many readers, no writer; readahead=False: random access is the common case.
+    return lmdb.open(path, subdir=subdir, readonly=True, lock=False, readahead=False,
+                     meminit=False, max_readers=4096, max_dbs=0)
+
+
+# py-lmdb refuses to open one environment twice in a process, and a forked child
+# inherits the parent's registration.  So read-only environments are shared per
+# process: every store on the same path uses one, and a child closes the copy it
+# inherited (safe with lock=False: it only unmaps the child's own mapping) before
+# opening its own.
+_SHARED_ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
+
+
+@functools.lru_cache(maxsize=1024)
+def _real(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def shared_readonly_env(path: str) -> lmdb.Environment:
+    key = _real(path)
+    pid = os.getpid()
+    entry = _SHARED_ENVS.get(key)
+    if entry is not None:
+        if entry[0] == pid:
+            return entry[1]
+        try:
+            entry[1].close()
+        except lmdb.Error:
+            pass
+    env = open_lmdb_readonly(key)
+    _SHARED_ENVS[key] = (pid, env)
+    return env
+
+
+def release_shared_env(path: str) -> None:
+    """Close this process's shared reader of `path` (before writing to it, or on close())."""
+    entry = _SHARED_ENVS.pop(_real(path), None)
+    if entry is not None and entry[0] == os.getpid():
+        entry[1].close()
+
+
+class LmdbStoreMixin:
+    """Handle = this process's shared read-only environment of `self.path`."""
+
+    @property
+    def handle(self):
+        # Looked up on every use (a dict hit): a writer in this process may have closed it.
+        return shared_readonly_env(self.path)
+
+    def close(self) -> None:
+        release_shared_env(self.path)

@@ -1,0 +1,67 @@
+"""Which reader a path needs, decided from what is on disk (never from try/except decoding)."""
+from __future__ import annotations
+
+import os
+
+from .base import shared_readonly_env
+from .records import FeatureStoreError, IncompleteStoreError
+
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _lmdb_kind(path: str) -> str:
+    from .native_store import META_KEY
+    from .td_lmdb import TD_KEYS_KEY
+    from .volta_lmdb import KEYS_KEY
+    env = shared_readonly_env(path)  # kept open: the reader opened next reuses it
+    if env.stat()["entries"] == 0:
+        raise IncompleteStoreError(path, "empty LMDB (no records)")
+    with env.begin() as txn:
+        if txn.get(META_KEY) is not None:
+            return "native"
+        if txn.get(KEYS_KEY) is not None:
+            return "volta-lmdb"
+        if txn.get(TD_KEYS_KEY) is not None:
+            return "td-lmdb"
+        first = next(txn.cursor().iternext(keys=True, values=False), b"")
+    if first.isdigit() and len(first) == 8:
+        raise IncompleteStoreError(path, "td-LMDB without its b'__keys__' record: half-written "
+                                   "(tensorpack writes it last)")
+    raise IncompleteStoreError(path, "LMDB without b'keys' or a volta-ml metadata record: a "
+                               "half-written VOLTA LMDB, or not a feature store")
+
+
+def detect_format(path: str) -> str:
+    """'native' | 'volta-lmdb' | 'td-lmdb' | 'h5' | 'npy' | 'tsv'."""
+    path = str(path)
+    if not os.path.exists(path):
+        for suffix in (".partial", ".partial.h5"):
+            if os.path.exists(path + suffix):
+                raise IncompleteStoreError(path, f"store not found, but {path + suffix} exists: its "
+                                           "writer never finished (rerun it to resume)")
+        raise FileNotFoundError(f"feature store {path} does not exist")
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "data.mdb")):
+            return _lmdb_kind(path)
+        names = os.listdir(path)
+        if any(n.endswith(".npy") for n in names):
+            return "npy"
+        if not names:
+            raise IncompleteStoreError(path, "empty directory")
+        raise FeatureStoreError(path, "directory holds neither an LMDB (data.mdb) nor .npy files")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head == _HDF5_SIGNATURE:
+        return "h5"
+    if path.endswith(".mdb"):
+        return _lmdb_kind(path)
+    if path.endswith((".tsv", ".tsv.txt")) or b"\t" in _first_line(path):
+        return "tsv"
+    if os.path.getsize(path) == 0:
+        raise IncompleteStoreError(path, "empty file")
+    raise FeatureStoreError(path, "unknown feature file format (expected H5, TSV or LMDB)")
+
+
+def _first_line(path: str, limit: int = 1 << 16) -> bytes:
+    with open(path, "rb") as f:
+        return f.readline(limit)
