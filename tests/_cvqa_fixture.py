@@ -98,7 +98,7 @@ def write_release(root: Path, kind: str = "latest") -> Path:
 def tiny_tokenizer(folder: Path):
     """A WordPiece tokenizer whose vocabulary holds the fixture's English words (the local scripts mostly map
     to [UNK], as in real mBERT runs on rare scripts); saved to `folder` for `load_tokenizer`."""
-    from transformers import BertTokenizerFast
+    from transformers import AutoTokenizer
 
     words = set()
     for row in ROWS:
@@ -109,6 +109,6 @@ def tiny_tokenizer(folder: Path):
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    tok = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
-    tok.save_pretrained(folder)
-    return tok
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 512}))
+    return AutoTokenizer.from_pretrained(str(folder), do_lower_case=True, local_files_only=True)

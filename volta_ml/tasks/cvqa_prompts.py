@@ -66,10 +66,22 @@ class EncodedTexts:
     unk: np.ndarray           # [N] number of unknown-token ids
 
 
+def special_tokens_around(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after one sequence (`[CLS]`/`[SEP]`, `<s>`/`</s>`)."""
+    probe = "a"
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+    for i in range(len(full) - len(plain) + 1):
+        if full[i:i + len(plain)] == plain:
+            return list(full[:i]), list(full[i + len(plain):])
+    raise ValueError(f"cannot tell where {type(tokenizer).__name__} puts its special tokens")
+
+
 def encode_option_texts(tokenizer, pieces: list[tuple[str, str]], max_len: int) -> EncodedTexts:
     """Tokenise (head, tail) pairs into `[CLS] head tail [SEP]` (or the tokenizer's own special tokens) of at
     most `max_len` ids, dropping tokens from the end of the head first."""
-    budget = max_len - tokenizer.num_special_tokens_to_add(pair=False)
+    prefix, suffix = special_tokens_around(tokenizer)
+    budget = max_len - len(prefix) - len(suffix)
     if budget < 1:
         raise ValueError(f"max_seq_length {max_len} leaves no room for text")
     heads = tokenizer([h for h, _ in pieces], add_special_tokens=False)["input_ids"]
@@ -85,7 +97,7 @@ def encode_option_texts(tokenizer, pieces: list[tuple[str, str]], max_len: int) 
             tail = tail[:budget]
         keep = budget - len(tail)
         out.head_cut[i] = len(head) > keep
-        row = tokenizer.build_inputs_with_special_tokens(list(head[:keep]) + list(tail))
+        row = prefix + list(head[:keep]) + list(tail) + suffix
         out.ids[i, :len(row)] = row
         out.lengths[i] = len(row)
         if unk_id is not None:
