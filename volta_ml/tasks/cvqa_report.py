@@ -111,8 +111,8 @@ def write_tables(results: dict, out_dir: str | Path) -> list[Path]:
     for by in BREAKDOWNS:
         header, rows = breakdown_rows(results, by)
         path = out_dir / f"cvqa_{by}.csv"
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            csv.writer(f).writerows([header] + rows)
+        with open(path, "w", newline="", encoding="utf-8") as f:   # the revision on every row: files travel alone
+            csv.writer(f).writerows([header + ["revision"]] + [row + [results["revision"]] for row in rows])
         written.append(path)
         md += [f"## Accuracy (%) per {by.replace('_', ' ')}", "", "| " + " | ".join(header) + " |",
                "|" + "---|" * len(header)]
@@ -148,9 +148,11 @@ def plot_pairs(results: dict, path: str | Path) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel("accuracy (%)")
     ax.set_xlim(0, 100)
-    ax.set_title(f"CVQA per country-language pair ({results['model']})", fontsize=9)
+    ax.set_title(f"CVQA per country-language pair ({results['model']}, revision {results['revision'][:12]})",
+                 fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata={"Description": f"CVQA revision {results['revision']}, prompts "
+                                                        f"{results['prompts_version']}"})
     plt.close(fig)
     return Path(path)

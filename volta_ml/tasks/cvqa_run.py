@@ -140,10 +140,10 @@ def _write_predictions(path: Path, dataset: CVQADataset, scored) -> None:
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["ID", "Prediction", "Label", "pair", "category", "image_type",
-                         "score_0", "score_1", "score_2", "score_3"])
+                         "score_0", "score_1", "score_2", "score_3", "condition", "revision"])
         for q, pred, scores in zip(dataset.questions, scored.predictions, scored.scores):
             writer.writerow([q.id, int(pred), q.label, q.pair, q.category, q.image_type]
-                            + [f"{s:.6g}" for s in scores])
+                            + [f"{s:.6g}" for s in scores] + [scored.condition, dataset.revision])
     tmp.replace(path)
 
 
