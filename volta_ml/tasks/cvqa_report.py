@@ -68,7 +68,7 @@ def write_submission(path: str | Path, questions: list[CVQAQuestion], prediction
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
+        writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["ID", "Prediction"])
         for q, p in zip(questions, predictions):
             writer.writerow([q.id, int(p)])
