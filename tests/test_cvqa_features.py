@@ -81,3 +81,36 @@ def test_shrink_keeps_aspect_and_leaves_small_images_alone():
     assert shrink_to(img, 1333).shape == (886, 1333, 3)
     small = np.zeros((10, 20, 3), dtype=np.uint8)
     assert shrink_to(small, 1333) is small and shrink_to(small, None) is small
+
+
+def test_one_call_extracts_then_scores(release, tmp_path, monkeypatch):
+    """`run_cvqa` with a detector: the missing photos are extracted into the store, then scored."""
+    import torch
+    from _cvqa_fixture import tiny_tokenizer
+    from tiny import tiny_config
+
+    from volta_ml.models import build_model, save_checkpoint
+    from volta_ml.tasks import cvqa_run
+
+    calls = []
+
+    def tiny_detector(preset_name, weights, device):
+        calls.append((preset_name, weights))
+        return tiny_model("butd"), SMALL_BUTD
+
+    monkeypatch.setattr(cvqa_run, "load_detector", tiny_detector)
+    torch.manual_seed(0)
+    config = tiny_config("ctrl_uniter_base", feature_size=2048)
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    save_checkpoint(build_model(config, kind="pretraining"), tmp_path / "m.bin")
+    tiny_tokenizer(tmp_path / "tok")
+    path = cvqa_run.run_cvqa({
+        "data": str(release), "features": str(tmp_path / "feats"), "config": str(tmp_path / "config.json"),
+        "checkpoint": str(tmp_path / "m.bin"), "bert_model": str(tmp_path / "tok"), "output_dir": str(tmp_path / "o"),
+        "limit": 2, "conditions": ["en-agnostic"], "text_only": False, "preset": "volta-butd36",
+        "detector_weights": "tiny.safetensors", "device": "cpu", "progress": False, "max_seq_length": 24})
+    assert calls == [("volta-butd36", "tiny.safetensors")]
+    assert list(open_store(tmp_path / "feats").keys()) == ["1001"]
+    results = json.loads(open(path).read())
+    assert results["missing_images"] == [] and results["settings"]["preset"] == "volta-butd36"
+    assert len((tmp_path / "o" / "submission_en-agnostic.csv").read_text().splitlines()) == 3

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
+from volta_ml.features.detectors.presets import PRESETS
+
 from .cvqa_prompts import CONDITIONS, TEMPLATES
 
 
@@ -16,7 +18,7 @@ def register(subparsers) -> None:
     ex = sub.add_parser("extract", help="region features for the CVQA images, read from the parquet shards")
     ex.add_argument("--data", required=True, help="folder of CVQA parquet shards (local copy of afaji/cvqa)")
     ex.add_argument("--revision", default=None, help="HF commit of the data (recorded in the store)")
-    ex.add_argument("--preset", required=True, help="detector preset (see `volta-ml features extract --help`)")
+    ex.add_argument("--preset", required=True, choices=sorted(PRESETS), help="detector preset")
     ex.add_argument("--weights", required=True, help="detector weights (.pkl / .pth / converted .safetensors)")
     ex.add_argument("--out", required=True, help="native feature store to create or resume")
     ex.add_argument("--device", default="auto")
@@ -48,6 +50,11 @@ def register(subparsers) -> None:
     sc.add_argument("--no-text-only", dest="text_only", action="store_false", help="skip the blind baseline")
     sc.add_argument("--limit", type=int, default=None, help="only the first N questions")
     sc.add_argument("--output_dir", required=True)
+    sc.add_argument("--preset", default=None, choices=sorted(PRESETS), help="with --detector_weights: extract missing images into "
+                    "--features first (one command for the whole run)")
+    sc.add_argument("--detector_weights", default=None, help="detector weights for --preset")
+    sc.add_argument("--max-side", dest="max_side", type=int, default=None)
+    sc.add_argument("--max-pixels", dest="max_pixels", type=int, default=None)
     sc.add_argument("--no-progress", dest="progress", action="store_false")
     sc.set_defaults(func=run_score_command)
     cvqa.set_defaults(func=lambda args: cvqa.print_help() or 2)
@@ -56,22 +63,16 @@ def register(subparsers) -> None:
 def run_extract_command(args) -> int:
     import torch
 
-    from volta_ml.features.detectors.checkpoints import load_weights
-    from volta_ml.features.detectors.presets import get_preset
     from volta_ml.features.images import DEFAULT_MAX_PIXELS
 
     from .cvqa_data import load_cvqa
     from .cvqa_features import extract_cvqa_features
+    from .cvqa_run import load_detector
 
-    preset = get_preset(args.preset)
-    if preset.detector == "x101" and preset.batch_size != 1:
-        print(f"note: CVQA photos are extracted one at a time (as preset x101-single), not in batches of "
-              f"{preset.batch_size}", file=sys.stderr)
-        preset = preset.with_settings(batch_size=1)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     dataset = load_cvqa(args.data, revision=args.revision, limit=args.limit)
-    detector = load_weights(args.weights, preset).to(device)
+    detector, preset = load_detector(args.preset, args.weights, device)
     summary = extract_cvqa_features(dataset, detector, preset, args.out, device=device,
                                     max_pixels=args.max_pixels or DEFAULT_MAX_PIXELS, max_side=args.max_side,
                                     failures_path=args.failures, progress=not args.no_progress)
@@ -85,7 +86,8 @@ def run_score_command(args) -> int:
 
     keys = ("data", "features", "config", "checkpoint", "bert_model", "do_lower_case", "kind", "task_id",
             "revision", "conditions", "template", "max_seq_length", "max_region_num", "batch_size", "device",
-            "amp", "text_only", "limit", "output_dir", "progress")
+            "amp", "text_only", "limit", "output_dir", "progress", "preset", "detector_weights", "max_side",
+            "max_pixels")
     path = run_cvqa({k: getattr(args, k) for k in keys})
     results = json.loads(open(path, encoding="utf-8").read())
     print(f"CVQA revision {results['revision']}, {results['questions']} questions"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ DEFAULTS = {
     "kind": "pretraining", "task_id": None, "revision": None, "conditions": list(CONDITIONS),
     "template": "paper", "max_seq_length": 40, "max_region_num": 36, "batch_size": 64, "device": "auto",
     "text_only": True, "limit": None, "amp": False, "do_lower_case": False, "progress": True,
+    "preset": None, "detector_weights": None, "max_side": None, "max_pixels": None,
 }
 REQUIRED = ("data", "features", "config", "checkpoint", "bert_model", "output_dir")
 
@@ -35,7 +37,9 @@ def run_cvqa(args_dict: dict) -> str:
     head named by `task_id`), `revision` (HF commit of the data, recorded in results), `conditions` (subset of
     en-aware, en-agnostic, loc-aware, loc-agnostic), `template` ("paper" | "plain"), `max_seq_length`,
     `max_region_num`, `batch_size` ((image, text) rows per forward), `device`, `text_only` (also run the blind
-    baseline), `limit` (first N questions), `amp`, `do_lower_case`, `progress`.
+    baseline), `limit` (first N questions), `amp`, `do_lower_case`, `progress`; with `preset` and
+    `detector_weights` the images missing from `features` are extracted into it first (`max_side`, `max_pixels`
+    as in `volta-ml cvqa extract`), so one call runs the whole thing.
 
     Written to `output_dir`: `cvqa_results.json` (all numbers, the revision, prompt version, settings),
     `predictions_<condition>.csv` (scores per option), `submission_<condition>.csv` (EvalAI: ID, Prediction),
@@ -63,6 +67,8 @@ def run_cvqa(args_dict: dict) -> str:
                           ("cpu" if args["device"] == "auto" else args["device"]))
 
     dataset = load_cvqa(args["data"], revision=args["revision"], limit=args["limit"])
+    if args["detector_weights"] or args["preset"]:
+        _extract_missing(args, dataset, device)
     config = load_config(args["config"])
     task_cfg = task_ids = None
     if args["kind"] == "tasks":
@@ -108,6 +114,33 @@ def run_cvqa(args_dict: dict) -> str:
     return str(path)
 
 
+def load_detector(preset_name: str, weights: str, device):
+    """(detector, preset) for CVQA extraction; X101 presets run one photo at a time."""
+    from volta_ml.features.detectors.checkpoints import load_weights
+    from volta_ml.features.detectors.presets import get_preset
+
+    preset = get_preset(preset_name)
+    if preset.detector == "x101" and preset.batch_size != 1:
+        preset = preset.with_settings(batch_size=1)
+    return load_weights(weights, preset).to(device), preset
+
+
+def _extract_missing(args: dict, dataset: CVQADataset, device) -> None:
+    from volta_ml.features.images import DEFAULT_MAX_PIXELS
+
+    from .cvqa_features import extract_cvqa_features
+
+    if not (args["preset"] and args["detector_weights"]):
+        raise KeyError("run_cvqa: extraction needs both preset and detector_weights")
+    detector, preset = load_detector(args["preset"], args["detector_weights"], device)
+    summary = extract_cvqa_features(dataset, detector, preset, args["features"], device=device,
+                                    max_pixels=args["max_pixels"] or DEFAULT_MAX_PIXELS, max_side=args["max_side"],
+                                    progress=args["progress"])
+    if summary.failed:
+        print(f"CVQA extraction: {summary.failed} image(s) failed, listed in {args['features']}.failures.jsonl; "
+              "their questions are scored text-only", file=sys.stderr)
+
+
 def _header(args: dict, dataset: CVQADataset, scorer: MatchingScorer, load_report, missing_images) -> dict:
     labelled = sum(q.label != HIDDEN_LABEL for q in dataset.questions)
     return {
@@ -118,7 +151,7 @@ def _header(args: dict, dataset: CVQADataset, scorer: MatchingScorer, load_repor
         "hidden_labels": dataset.hidden_labels, "images": len(dataset.image_ids),
         "missing_images": missing_images, "prompts_version": PROMPTS_VERSION, "template": args["template"],
         "settings": {k: args[k] for k in ("max_seq_length", "max_region_num", "batch_size", "limit", "amp",
-                                           "do_lower_case", "text_only")},
+                                           "do_lower_case", "text_only", "preset", "max_side")},
         "checkpoint_missing_keys": list(load_report.missing_keys),
         "random_baseline": 25.0, "runs": {}, "text_only": {}, "text_stats": {},
     }
