@@ -105,3 +105,22 @@ def test_console_command_subprocess(tmp_path, h5):
 def test_features_cli_registered_in_console():
     from volta_ml import cli
     assert "volta_ml.features.cli" in cli.COMMAND_MODULES
+
+
+def test_extract_action_hooked_in_when_its_module_exists(monkeypatch):
+    import importlib.machinery
+    import types
+    name = "volta_ml.features.extract_cli"
+    fake = types.ModuleType(name)
+    fake.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    seen = []
+
+    def register_extract(features_subparsers):
+        p = features_subparsers.add_parser("extract")
+        p.set_defaults(func=lambda args: seen.append("ran") or 0)
+        seen.append("registered")
+
+    fake.register_extract = register_extract
+    monkeypatch.setitem(sys.modules, name, fake)
+    assert run_features("extract") == 0
+    assert seen == ["registered", "ran"]
