@@ -191,3 +191,21 @@ def test_unreadable_file_raises_image_error(tmp_path):
         read_image_bgr(tmp_path / "empty.png")
     with pytest.raises(ImageError, match="cannot read"):
         read_image_bgr(tmp_path / "missing.png")
+
+
+def test_volta_lmdb_output_is_resumable_through_staging(butd, tmp_path):
+    from volta_ml.features.extract_cli import finish_output, open_output
+
+    images = _make_images(tmp_path / "imgs", 2)
+    items = [(image_id_for(p, "stem"), p) for p in list_images(images)]
+    out = str(tmp_path / "feat.lmdb")
+    log = FailureLog(tmp_path / "fail.jsonl")
+    for run_items, expected_new in ((items[:1], 1), (items, 1)):  # second run adds one image
+        writer, staging = open_output(out, "volta-lmdb", "test")
+        with writer:
+            summary = extract_images(butd, SMALL_BUTD, run_items, writer, log, progress=False)
+        finish_output(out, staging, progress=False)
+        assert summary.extracted == expected_new
+    store = open_store(out)
+    assert type(store).__name__ == "VoltaLmdbStore" and sorted(store.keys_list()) == ["img0", "img1"]
+    assert store["img1"].features.shape == (36, 2048)

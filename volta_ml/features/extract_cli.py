@@ -103,6 +103,16 @@ def open_output(out: str, fmt: str, preset_name: str):
     return open_writer(staging, "native", append=True, **meta), staging
 
 
+def finish_output(out: str, staging: str | None, progress: bool = True) -> None:
+    """VOLTA LMDB: convert the finished staging store, then drop it."""
+    if staging is None:
+        return
+    from .convert import convert_store
+
+    convert_store(staging, out, to="volta-lmdb", progress=progress, overwrite=True)
+    shutil.rmtree(staging)
+
+
 def run_extract(args) -> int:
     from .detectors.checkpoints import load_weights
     from .extract import FailureLog, extract_images, image_id_for, list_images, load_given_boxes, pick_device
@@ -136,11 +146,7 @@ def run_extract(args) -> int:
         summary = extract_images(model, preset, items, writer, failures, given_boxes=given, device=device,
                                  num_workers=args.num_workers, max_pixels=args.max_pixels, vocab=vocab,
                                  progress=not args.no_progress)
-    if staging is not None:
-        from .convert import convert_store
-
-        convert_store(staging, args.out, to="volta-lmdb", progress=not args.no_progress, overwrite=True)
-        shutil.rmtree(staging)
+    finish_output(args.out, staging, progress=not args.no_progress)
     rate = summary.extracted / summary.seconds if summary.seconds else 0.0
     print(f"{args.out}: {summary.extracted} extracted, {summary.already_present} already present, "
           f"{summary.failed} failed ({rate:.2f} img/s on {device})", file=sys.stderr)

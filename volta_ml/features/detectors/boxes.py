@@ -101,7 +101,7 @@ def legacy_nms(boxes: torch.Tensor, scores: torch.Tensor, threshold: float) -> t
     the largest double below float32(t) turns its strict '>' into '>='.
     """
     if boxes.numel() == 0:
-        return torch.zeros(0, dtype=torch.int64)
+        return torch.zeros(0, dtype=torch.int64, device=boxes.device)
     shifted = boxes.clone()
     shifted[:, 2:] += 1
     thr = float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))
