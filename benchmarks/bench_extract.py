@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-GOLDEN = Path(os.environ.get("VOLTA_ML_GOLDEN_EXTRACT", ROOT.parent / "shared" / "golden_extract").split(os.pathsep)[0])
+GOLDEN = Path(os.environ.get("VOLTA_ML_GOLDEN_EXTRACT", str(ROOT.parent / "shared" / "golden_extract")).split(os.pathsep)[0])
 
 
 def _model(preset, device):
@@ -81,14 +81,15 @@ def run_one(preset_name: str, size: str, device_name: str, n_images: int, thread
     one_pass(images[:1])  # warm-up (allocator, kernels)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     one_pass(images[1:])
     seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start  # all threads: shows contention from other processes
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
     peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
     return {"preset": preset_name, "size": size, "device": device_name, "threads": threads, "weights": source,
             "images": n_images, "seconds": seconds, "img_per_s": n_images / seconds,
-            "s_per_img": seconds / n_images, "peak_rss_mib": peak_rss, "peak_gpu_mib": peak_gpu,
+            "s_per_img": seconds / n_images, "cpu_s_per_img": cpu_seconds / n_images, "peak_rss_mib": peak_rss, "peak_gpu_mib": peak_gpu,
             "input": f"{preset.min_size}/{preset.max_size}"}
 
 
@@ -122,14 +123,14 @@ def main() -> int:
                 rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
                 r = rows[-1]
                 print(f"done {preset} {size} {device}: {r['s_per_img']:.2f} s/img", file=sys.stderr, flush=True)
-    header = f"{'preset':<14}{'size':<9}{'input':<10}{'device':<7}{'thr':>4}{'img/s':>9}{'s/img':>8}" \
+    header = f"{'preset':<14}{'size':<9}{'input':<10}{'device':<7}{'thr':>4}{'img/s':>9}{'s/img':>8}{'cpu s/img':>10}" \
              f"{'peak RSS MiB':>14}{'peak GPU MiB':>14}"
     print(header)
     print("-" * len(header))
     for r in rows:
         gpu = f"{r['peak_gpu_mib']:.0f}" if r["peak_gpu_mib"] is not None else "-"
         print(f"{r['preset']:<14}{r['size']:<9}{r['input']:<10}{r['device']:<7}{r['threads']:>4}"
-              f"{r['img_per_s']:>9.3f}{r['s_per_img']:>8.2f}{r['peak_rss_mib']:>14.0f}{gpu:>14}")
+              f"{r['img_per_s']:>9.3f}{r['s_per_img']:>8.2f}{r['cpu_s_per_img']:>10.2f}{r['peak_rss_mib']:>14.0f}{gpu:>14}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
