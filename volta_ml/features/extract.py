@@ -17,10 +17,12 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from .detectors.presets import Preset
-from .detectors.select_butd import TooFewBoxes, butd_extract
+from .detectors.select_butd import DegenerateImage, TooFewBoxes, butd_extract
 from .detectors.x101_fpn import x101_extract_batch
 from .images import DEFAULT_MAX_PIXELS, ImageError, read_image_bgr
 
+# A systematic error (wrong weights, device trouble) stops the run instead of filling the manifest.
+MAX_MODEL_FAILURES_IN_A_ROW = 20
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
@@ -144,6 +146,7 @@ def extract_images(model, preset: Preset, items: list[tuple[str, Path]], writer,
                         collate_fn=lambda x: x, prefetch_factor=4 if num_workers else None)
     bar = tqdm(total=len(todo), desc=f"extract {preset.name}", unit="img", disable=not progress)
     pending: list[tuple[str, Path, np.ndarray]] = []
+    model_failures_in_a_row = 0
 
     def fail(image_id, path, stage, reason):
         failures.add(image_id, path, stage, reason)
@@ -178,7 +181,16 @@ def extract_images(model, preset: Preset, items: list[tuple[str, Path]], writer,
                                    else given_boxes[image_id], device=device)
             except TooFewBoxes as err:
                 fail(image_id, path, "selection", str(err))
+            except DegenerateImage as err:
+                fail(image_id, path, "decode", str(err))
+            except Exception as err:  # one odd image must not end a long run; it is listed
+                fail(image_id, path, "model", f"{type(err).__name__}: {err}")
+                model_failures_in_a_row += 1
+                if model_failures_in_a_row >= MAX_MODEL_FAILURES_IN_A_ROW:
+                    raise RuntimeError(f"{model_failures_in_a_row} images in a row failed inside the model; "
+                                       f"last error: {err}") from err
             else:
+                model_failures_in_a_row = 0
                 out, extra = _butd_record(out, vocab)
                 writer.put(image_id, out["features"], out["boxes"], int(out["img_w"]), int(out["img_h"]), **extra)
                 summary.extracted += 1
