@@ -24,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-GOLDEN = Path(os.environ.get("VOLTA_ML_GOLDEN_EXTRACT", str(ROOT.parent / "shared" / "golden_extract")).split(os.pathsep)[0])
+_GOLDEN_DEFAULT = str(ROOT.parent / "shared" / "golden_extract")
+GOLDEN = Path(os.environ.get("VOLTA_ML_GOLDEN_EXTRACT", _GOLDEN_DEFAULT).split(os.pathsep)[0])
 
 
 def _model(preset, device):
@@ -89,7 +90,8 @@ def run_one(preset_name: str, size: str, device_name: str, n_images: int, thread
     peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
     return {"preset": preset_name, "size": size, "device": device_name, "threads": threads, "weights": source,
             "images": n_images, "seconds": seconds, "img_per_s": n_images / seconds,
-            "s_per_img": seconds / n_images, "cpu_s_per_img": cpu_seconds / n_images, "peak_rss_mib": peak_rss, "peak_gpu_mib": peak_gpu,
+            "s_per_img": seconds / n_images, "cpu_s_per_img": cpu_seconds / n_images,
+            "peak_rss_mib": peak_rss, "peak_gpu_mib": peak_gpu,
             "input": f"{preset.min_size}/{preset.max_size}"}
 
 
@@ -130,7 +132,8 @@ def main() -> int:
     for r in rows:
         gpu = f"{r['peak_gpu_mib']:.0f}" if r["peak_gpu_mib"] is not None else "-"
         print(f"{r['preset']:<14}{r['size']:<9}{r['input']:<10}{r['device']:<7}{r['threads']:>4}"
-              f"{r['img_per_s']:>9.3f}{r['s_per_img']:>8.2f}{r['cpu_s_per_img']:>10.2f}{r['peak_rss_mib']:>14.0f}{gpu:>14}")
+              f"{r['img_per_s']:>9.3f}{r['s_per_img']:>8.2f}{r['cpu_s_per_img']:>10.2f}"
+              f"{r['peak_rss_mib']:>14.0f}{gpu:>14}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

@@ -74,6 +74,9 @@ def test_cli_butd_h5_resume_and_failures(weights, images, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "0 extracted, 2 already present, 1 failed" in res.stderr
     assert sorted(open_store(str(out)).keys_list()) == ["a", "b.jpg"]
+    other = [a if a != "volta-butd36" else "butd-10-100" for a in args]
+    res = _run(other)  # resuming with another preset would mix feature sets
+    assert res.returncode != 0 and "was extracted with other settings (preset" in res.stderr
 
 
 def test_cli_x101_npy_batches_of_two(weights, images, tmp_path):
@@ -106,3 +109,15 @@ def test_legacy_given_box_wrapper(weights, images, tmp_path):
 def test_legacy_proposal_wrapper_help():
     res = _run([str(ROOT / "features_extraction" / "detectron2_proposal_maxnms.py"), "--help"])
     assert res.returncode == 0 and "--root" in res.stdout and "--outdir" in res.stdout
+
+
+def test_convert_detector_reports_a_mismatched_file(tmp_path):
+    # A file in the detectron2 layout whose shapes do not fit the real R101-C4 model.
+    state = {detectron2_name(k): v.numpy() for k, v in tiny_model("butd", seed=13).state_dict().items()}
+    with open(tmp_path / "small.pkl", "wb") as f:
+        pickle.dump({"model": state, "__author__": "test"}, f)
+    res = _run(["-m", "volta_ml.cli", "features", "convert-detector", str(tmp_path / "small.pkl"),
+                str(tmp_path / "out"), "--preset", "volta-butd36"])
+    assert res.returncode == 2
+    assert "small.pkl" in res.stderr and "shape mismatch for 'backbone.res2.0.conv1.weight'" in res.stderr
+    assert not (tmp_path / "out.safetensors").exists()

@@ -86,6 +86,10 @@ class FailureLog:
         self.count += 1
 
 
+def _as_is(item):
+    return item
+
+
 class _Decoded(Dataset):
     def __init__(self, items, max_pixels):
         self.items, self.max_pixels = items, max_pixels
@@ -143,7 +147,7 @@ def extract_images(model, preset: Preset, items: list[tuple[str, Path]], writer,
             todo.append((image_id, path))
     batch_size = preset.batch_size if preset.detector == "x101" else 1
     loader = DataLoader(_Decoded(todo, max_pixels), batch_size=None, shuffle=False, num_workers=num_workers,
-                        collate_fn=lambda x: x, prefetch_factor=4 if num_workers else None)
+                        collate_fn=_as_is, prefetch_factor=4 if num_workers else None)
     bar = tqdm(total=len(todo), desc=f"extract {preset.name}", unit="img", disable=not progress)
     pending: list[tuple[str, Path, np.ndarray]] = []
     model_failures_in_a_row = 0
@@ -211,3 +215,20 @@ def pick_device(name: str = "auto") -> torch.device:
 
 def stage_path(out: str | Path) -> str:
     return os.fspath(out) + ".staging"
+
+
+def check_run_settings(out: str | Path, settings: dict) -> None:
+    """Refuse to resume an output made with another preset or mode (mixed features).
+
+    The settings of the first run are kept next to the store in `<out>.extract.json`."""
+    path = Path(os.fspath(out).rstrip("/") + ".extract.json")
+    if path.is_file():
+        previous = json.loads(path.read_text())
+        changed = {k: (previous.get(k), v) for k, v in settings.items() if previous.get(k) != v}
+        if changed:
+            detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+            raise ValueError(f"{out} was extracted with other settings ({detail}); "
+                             "use a new --out or remove the old store")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings, indent=2) + "\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import shutil
 import sys
 from collections import Counter
@@ -63,7 +64,11 @@ def register_extract(subparsers) -> None:
 def run_convert_detector(args) -> int:
     from .detectors.checkpoints import convert_checkpoint
 
-    weights, manifest = convert_checkpoint(args.src, args.out, args.preset)
+    try:
+        weights, manifest = convert_checkpoint(args.src, args.out, args.preset)
+    except (ValueError, OSError, pickle.UnpicklingError) as err:  # mismatch, unsafe or unreadable file
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"wrote {weights} and {manifest}")
     return 0
 
@@ -115,7 +120,8 @@ def finish_output(out: str, staging: str | None, progress: bool = True) -> None:
 
 def run_extract(args) -> int:
     from .detectors.checkpoints import load_weights
-    from .extract import FailureLog, extract_images, image_id_for, list_images, load_given_boxes, pick_device
+    from .extract import (FailureLog, check_run_settings, extract_images, image_id_for, list_images,
+                          load_given_boxes, pick_device)
     from .vocab import load_vg_vocab
 
     preset = get_preset(args.preset)
@@ -136,8 +142,17 @@ def run_extract(args) -> int:
         raise SystemExit(f"error: {len(dupes)} image ids occur more than once with --id-style {style} "
                          f"(e.g. {dupes[:3]}); use --id-style name")
     given = load_given_boxes(args.boxes) if args.boxes else None
+    weights = _resolve_weights(args, preset)
+    try:
+        check_run_settings(args.out, {"preset": preset.name, "batch_size": preset.batch_size,
+                                      "given_boxes": bool(args.boxes), "id_style": style})
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     device = pick_device(args.device)
-    model = load_weights(_resolve_weights(args, preset), preset).to(device)
+    try:
+        model = load_weights(weights, preset).to(device)
+    except (ValueError, pickle.UnpicklingError) as err:
+        raise SystemExit(f"error: {err}") from None
     vocab = load_vg_vocab() if args.with_names else None
     failures = FailureLog(args.failures or args.out.rstrip("/") + ".failures.jsonl")
 
