@@ -38,6 +38,8 @@ _ALLOWED_GLOBALS = {
     ("numpy", "ndarray"),
     ("numpy", "dtype"),
     ("collections", "OrderedDict"),
+    # Python 3 pickles of bytes at protocol <= 2 rebuild them with codecs.encode(str, "latin1").
+    ("_codecs", "encode"),
 }
 
 
