@@ -96,11 +96,12 @@ class ConditionScores:
 
 def blank_image(num_rows: int, feature_dim: int, num_locs: int):
     """The text-only control's "image": one all-zero region covering the whole picture, the rest padding."""
+    from volta_ml.features import box_locations
+
     features = torch.zeros(num_rows, feature_dim)
     loc = torch.zeros(num_rows, num_locs)
-    loc[0, 2:4] = 1.0
-    if num_locs >= 5:
-        loc[0, 4] = 1.0
+    loc[0] = torch.from_numpy(box_locations(np.array([[0.0, 0.0, 1.0, 1.0]], dtype=np.float32), 1.0, 1.0,
+                                            num_locs)[0])
     mask = torch.zeros(num_rows, dtype=torch.long)
     mask[0] = 1
     return features, loc, mask
