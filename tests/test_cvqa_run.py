@@ -119,3 +119,16 @@ def test_console_command(files):
     results = json.loads((out / "cvqa_results.json").read_text())
     assert f"micro {results['runs']['en-agnostic']['micro']:6.2f}" in done.stdout
     assert "random 25.00" in done.stdout and f"revision {REVISION}" in done.stdout
+
+
+@pytest.mark.parametrize("step, extra, message", [
+    ("score", ["--data", "/nonexistent/cvqa", "--features", "f", "--config", "ctrl_uniter_base", "--checkpoint", "c",
+               "--bert_model", "b", "--output_dir", "o"], "CVQA data not found: /nonexistent/cvqa"),
+    ("extract", ["--data", "d", "--preset", "volta-butd36", "--weights", "/nonexistent/w.pkl", "--out", "o"],
+     "--weights /nonexistent/w.pkl: no such file"),
+])
+def test_console_errors_are_one_line(tmp_path, step, extra, message):
+    done = subprocess.run([sys.executable, "-m", "volta_ml.cli", "cvqa", step, *extra], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"error: volta-ml cvqa: {message}" in done.stderr

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from volta_ml.features.detectors.presets import PRESETS
@@ -60,6 +61,26 @@ def register(subparsers) -> None:
     cvqa.set_defaults(func=lambda args: cvqa.print_help() or 2)
 
 
+def _clear_errors(command):
+    """Known bad inputs end the command with one `error:` line naming the file or key, not a traceback."""
+    def wrapped(args) -> int:
+        from volta_ml.data.text import TokenizerLoadError
+
+        from .cvqa import MatchingHeadError
+        from .cvqa_data import CVQAFormatError
+
+        try:
+            return command(args)
+        except (FileNotFoundError, CVQAFormatError, MatchingHeadError, TokenizerLoadError, KeyError,
+                ValueError) as err:
+            message = err.args[0] if isinstance(err, KeyError) and err.args else err
+            print(f"error: volta-ml cvqa: {message}", file=sys.stderr)
+            return 2
+    wrapped.__name__ = command.__name__
+    return wrapped
+
+
+@_clear_errors
 def run_extract_command(args) -> int:
     import torch
 
@@ -71,6 +92,8 @@ def run_extract_command(args) -> int:
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
+    if not os.path.isfile(args.weights):
+        raise FileNotFoundError(f"--weights {args.weights}: no such file (nothing is downloaded)")
     dataset = load_cvqa(args.data, revision=args.revision, limit=args.limit)
     detector, preset = load_detector(args.preset, args.weights, device)
     summary = extract_cvqa_features(dataset, detector, preset, args.out, device=device,
@@ -81,6 +104,7 @@ def run_extract_command(args) -> int:
     return 0
 
 
+@_clear_errors
 def run_score_command(args) -> int:
     from .cvqa_run import run_cvqa
 

@@ -119,6 +119,8 @@ def load_detector(preset_name: str, weights: str, device):
     from volta_ml.features.detectors.checkpoints import load_weights
     from volta_ml.features.detectors.presets import get_preset
 
+    if not Path(weights).is_file():
+        raise FileNotFoundError(f"detector weights {weights}: no such file (nothing is downloaded)")
     preset = get_preset(preset_name)
     if preset.detector == "x101" and preset.batch_size != 1:
         preset = preset.with_settings(batch_size=1)
