@@ -93,3 +93,12 @@ def test_image_keys_and_conflicting_photos(tmp_path):
     data = load_cvqa(folder)
     assert data.questions[0].image_id == "1001" and data.questions[1].image_id == "1001_1"
     assert dict(data.iter_images(["1001_1"]))["1001_1"] == image_png("1001", seed=1)
+
+
+def test_empty_shards_are_an_error(tmp_path):
+    from _cvqa_fixture import _table
+
+    (tmp_path / "empty").mkdir()
+    pq.write_table(_table([]), tmp_path / "empty" / "test.parquet")
+    with pytest.raises(CVQAFormatError, match="hold no questions"):
+        load_cvqa(tmp_path / "empty")

@@ -63,6 +63,7 @@ def test_labelled_run_writes_accuracy_tables_plot_and_submissions(files):
         assert set(summary["pair"]) == {"India-Telugu", "Egypt-Egyptian_Arabic", "Mexico-Spanish"}
         assert set(results["text_only"][condition]["pair"]) == set(summary["pair"])
     assert set(results["en_loc_gap"]) == {"aware", "agnostic"}
+    assert set(results["timing"]) == set(results["runs"]) and results["timing"]["en-aware"]["questions_per_second"] > 0
     assert results["en_loc_gap"]["aware"]["micro"] == pytest.approx(
         results["runs"]["en-aware"]["micro"] - results["runs"]["loc-aware"]["micro"], abs=1e-3)
     assert results["text_stats"]["loc-aware"]["unk_rate_per_pair"]["India-Telugu"] > \

@@ -209,5 +209,7 @@ def load_cvqa(root: str | Path, revision: str | None = None, limit: int | None =
                 break
         if limit is not None and len(questions) >= limit:
             break
+    if not questions:
+        raise CVQAFormatError(f"{root}: the shards hold no questions")
     return CVQADataset(root=root, revision=revision or revision_from_path(root) or "unknown", shards=shards,
                        questions=questions, _image_rows=image_rows)
