@@ -138,7 +138,7 @@ def main() -> None:
                 rows.append((name, str(device), "amp" if args.amp else "fp32", batch_size, len(dataset.questions),
                              seconds, len(dataset.questions) / seconds))
                 print(f"{name} batch {batch_size}: {rows[-1][-1]:.2f} questions/s", file=sys.stderr, flush=True)
-    print(f"| config | device | precision | rows/batch | questions | seconds | questions/s | pairs/s |")
+    print("| config | device | precision | rows/batch | questions | seconds | questions/s | pairs/s |")
     print("|---|---|---|---|---|---|---|---|")
     for name, dev, precision, batch_size, n, seconds, qps in rows:
         print(f"| {name} | {dev} | {precision} | {batch_size} | {n} | {seconds:.2f} | {qps:.2f} | {4 * qps:.1f} |")

@@ -112,3 +112,19 @@ def tiny_tokenizer(folder: Path):
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 512}))
     return AutoTokenizer.from_pretrained(str(folder), do_lower_case=True, local_files_only=True)
+
+
+def make_cvqa_store(path, dataset, feature_dim=16, skip=()):
+    """A native store of random regions for every image of `dataset` except `skip`."""
+    from volta_ml.features import open_writer
+
+    with open_writer(str(path), "native") as writer:
+        for k, image_id in enumerate(dataset.image_ids):
+            if image_id in skip:
+                continue
+            rng = np.random.default_rng(k)
+            n = 5 + k
+            xy = rng.uniform(0, 30, (n, 2))
+            boxes = np.concatenate([xy, xy + rng.uniform(5, 30, (n, 2))], axis=1).astype(np.float32)
+            writer.put(image_id, rng.random((n, feature_dim), dtype=np.float32), boxes, 64, 64)
+    return path

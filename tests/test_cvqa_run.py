@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _cvqa_fixture import REVISION, ROWS, tiny_tokenizer, write_release
-from test_cvqa_scoring import make_cvqa_store
+from _cvqa_fixture import REVISION, ROWS, make_cvqa_store, tiny_tokenizer, write_release
 from tiny import tiny_config
 
 from volta_ml.models import build_model, save_checkpoint

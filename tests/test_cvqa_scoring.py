@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _cvqa_fixture import tiny_tokenizer, write_release
+from _cvqa_fixture import make_cvqa_store, tiny_tokenizer, write_release
 from tiny import tiny_batch, tiny_config
 
-from volta_ml.features import RegionView, open_writer
+from volta_ml.features import RegionView
 from volta_ml.models import build_model
 from volta_ml.tasks.cvqa import MatchingHeadError, MatchingScorer, blank_image, predict, score_condition
 from volta_ml.tasks.cvqa_data import load_cvqa
@@ -74,19 +74,6 @@ def test_ties_go_to_the_lowest_index():
     scores = np.array([[0.2, 0.7, 0.7, 0.1], [1.0, 1.0, 1.0, 1.0], [0.0, np.nan, 0.5, 0.5],
                        [np.nan] * 4, [-3.0, -1.0, -2.0, -1.0]])
     assert predict(scores).tolist() == [1, 0, 2, 0, 1]
-
-
-def make_cvqa_store(path, dataset, feature_dim=16, skip=()):
-    with open_writer(str(path), "native") as writer:
-        for k, image_id in enumerate(dataset.image_ids):
-            if image_id in skip:
-                continue
-            rng = np.random.default_rng(k)
-            n = 5 + k
-            xy = rng.uniform(0, 30, (n, 2))
-            boxes = np.concatenate([xy, xy + rng.uniform(5, 30, (n, 2))], axis=1).astype(np.float32)
-            writer.put(image_id, rng.random((n, feature_dim), dtype=np.float32), boxes, 64, 64)
-    return path
 
 
 @pytest.fixture(scope="module")
