@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "volta_ml.features.cli",
     "volta_ml.engine.eval_cli",
     "volta_ml.engine.gqa_score_cli",
+    "volta_ml.tasks.cvqa_cli",
 ]
 
 
