@@ -52,7 +52,8 @@ def add_eval_retrieval_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--use_chunk", type=float, default=0, help="unused (as VOLTA)")
     add_volta_ml_flags(parser)
     extra = parser.add_argument_group("volta-ml retrieval extras")
-    extra.add_argument("--pair_batch", type=int, default=1024, help="(caption, image) pairs per forward")
+    extra.add_argument("--pair_batch", type=int, default=None,
+                       help="(caption, image) pairs per forward (default 256 on CPU, 1024 on CUDA)")
     extra.add_argument("--captions_per_chunk", type=int, default=64,
                        help="captions per saved chunk of the score matrix (the unit of resuming and sharding)")
     extra.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
@@ -199,6 +200,8 @@ def run_eval_retrieval(args) -> dict | None:
         caption_image = np.array([c["image"] for c in captions], dtype=np.int64)
         gallery = gallery_tensors(view, images, progress=info.is_main)
         model = load_scoring_model(args, model_config, task_config, task_id, info.device)
+        if not args.pair_batch:
+            args.pair_batch = 1024 if info.device.type == "cuda" else 256
         precision = args.precision or ("fp32" if not args.amp else "fp16" if info.device.type == "cuda" else "bf16")
 
         out_dir = result_dir(args.output_dir, args.from_pretrained)
