@@ -1,6 +1,7 @@
 """eval_retrieval.py end to end on subsets of the real IGLUE annotation files: files, Final lines, 2 ranks."""
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -16,7 +17,13 @@ TASKS_YAML = REPO / "config_tasks" / "iglue_test_tasks_boxes36.yml"
 TASK8 = {"TASK8": {"name": "RetrievalxFlickrCO", "type": "VL-logit", "num_labels": 1}}
 
 
-def subset(src, dst, rows):
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def subset(dst, rows):
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return dst
@@ -27,10 +34,10 @@ def setup(tmp_path_factory):
     iglue = need_iglue()
     tmp = tmp_path_factory.mktemp("retrieval")
     rows = read_jsonl(iglue / "xFlickrCO/annotations/de/test.jsonl")
-    flickr = subset(None, tmp / "xFlickrCO/de/test.jsonl", rows[:7] + rows[-3:])   # Flickr30k and COCO rows
+    flickr = subset(tmp / "xFlickrCO/de/test.jsonl", rows[:7] + rows[-3:])   # Flickr30k and COCO rows
     make_store(tmp / "xflickrco.lmdb", [r["img_path"] for r in rows[:7] + rows[-3:]], FEATURE_DIM)
     wit_rows = read_jsonl(iglue / "wit/annotations/test_en.jsonl")[:14]            # wit_ix repeats
-    wit = subset(None, tmp / "wit/test_en.jsonl", wit_rows)
+    wit = subset(tmp / "wit/test_en.jsonl", wit_rows)
     make_store(tmp / "wit.lmdb", [r["wit_ix"] for r in wit_rows], FEATURE_DIM)
     tokenizer = bert_uncased_dir(tmp)
     config = tiny_config_file(tmp / "config" / "tiny_uniter.json", vocab_size=30522)
@@ -85,7 +92,7 @@ def test_two_ranks_give_the_identical_matrix(setup):
     two = setup["tmp"] / "out_2ranks"
     proc1 = run(setup, one, "--no_running_lines")
     proc2 = run(setup, two, "--no_running_lines",
-                launcher=("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29731"))
+                launcher=("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())))
     a, b = result_dir(one, setup["checkpoint"]), result_dir(two, setup["checkpoint"])
     np.testing.assert_array_equal(np.load(a / "test_de_scores.npy"), np.load(b / "test_de_scores.npy"))
     assert (a / "test_de_result.json").read_text() == (b / "test_de_result.json").read_text()

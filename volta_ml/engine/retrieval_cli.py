@@ -50,6 +50,8 @@ def add_eval_retrieval_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num_workers", type=int, default=16, help="unused (as VOLTA)")
     group.add_argument("--num_val_workers", type=int, default=10, help="unused: features are read once up front")
     group.add_argument("--use_chunk", type=float, default=0, help="unused (as VOLTA)")
+    # torch.distributed.launch in torch 2.x passes the hyphenated spelling
+    group.add_argument("--local-rank", dest="local_rank", type=int, help=argparse.SUPPRESS)
     add_volta_ml_flags(parser)
     extra = parser.add_argument_group("volta-ml retrieval extras")
     extra.add_argument("--pair_batch", type=int, default=None,
@@ -224,7 +226,8 @@ def run_eval_retrieval(args) -> dict | None:
         elapsed = time.time() - started
         if not info.is_main:
             return None
-        print(f"score matrix ready in {elapsed:.1f}s", file=sys.stderr)
+        pairs = len(captions) * len(images)
+        print(f"score matrix ready in {elapsed:.1f}s ({pairs / max(elapsed, 1e-9):.1f} pairs/s)", file=sys.stderr)
         report = print_report(scores, caption_image, args)
         np.save(os.path.join(out_dir, f"{split}_scores.npy"), scores.astype(args.score_dtype))
         write_json(os.path.join(out_dir, f"{split}_result.json"), top_images(scores))
