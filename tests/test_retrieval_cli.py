@@ -62,9 +62,14 @@ def result_dir(out, checkpoint):
     return out / str(checkpoint).split("/")[1]      # VOLTA's quirk: `tmp` for /tmp/...
 
 
-def test_outputs_final_lines_and_top20(setup):
+@pytest.fixture(scope="module")
+def single(setup):
     out = setup["tmp"] / "out1"
-    proc = run(setup, out)
+    return out, run(setup, out)
+
+
+def test_outputs_final_lines_and_top20(setup, single):
+    out, proc = single
     ir, tr = read_final_lines(proc.stdout)
     lines = proc.stdout.splitlines()
     stars = ["*" * 50] * 3
@@ -87,10 +92,9 @@ def test_outputs_final_lines_and_top20(setup):
     assert not (folder / "test_de_chunks").exists()   # chunks are dropped once the matrix is saved
 
 
-def test_two_ranks_give_the_identical_matrix(setup):
-    one = setup["tmp"] / "out_1rank"
+def test_two_ranks_give_the_identical_matrix(setup, single):
+    one, proc1 = single
     two = setup["tmp"] / "out_2ranks"
-    proc1 = run(setup, one, "--no_running_lines")
     proc2 = run(setup, two, "--no_running_lines",
                 launcher=("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())))
     a, b = result_dir(one, setup["checkpoint"]), result_dir(two, setup["checkpoint"])
