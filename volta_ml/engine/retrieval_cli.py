@@ -108,6 +108,9 @@ def load_scoring_model(args, model_config, task_config: dict, task_id: str, devi
         return load_model(args, model_config, task_config, task_id, device).eval()
     if not os.path.isfile(args.from_pretrained):
         raise FileNotFoundError(f"--from_pretrained {args.from_pretrained}: checkpoint not found")
+    if model_config.image_embeddings == "m3p":
+        from volta_ml.engine.retrieval_scorer import ScorerSetupError
+        raise ScorerSetupError("--zero_shot needs a pretraining matching head, which VOLTA's M3P port does not have")
     model = build_model(model_config, kind="pretraining")
     report = load_checkpoint(model, args.from_pretrained)
     missing = [k for k in (getattr(report, "missing_keys", None) or getattr(report, "missing", None) or [])
