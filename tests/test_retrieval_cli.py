@@ -104,6 +104,23 @@ def test_two_ranks_give_the_identical_matrix(setup, single):
     assert json.loads((b / "test_de_retrieval.json").read_text())["world_size"] == 2
 
 
+def test_preempted_run_resumes_from_saved_chunks(setup, single):
+    out = setup["tmp"] / "out_resume"
+    run(setup, out, "--no_running_lines", "--keep_chunks")
+    folder = result_dir(out, setup["checkpoint"])
+    chunks = sorted((folder / "test_de_chunks").glob("chunk_*.npz"))
+    assert len(chunks) == 4                          # 10 captions, 3 per chunk
+    for lost in chunks[2:] + [folder / "test_de_scores.npy", folder / "test_de_result.json"]:
+        lost.unlink()                                # as if the job was killed after two chunks
+    proc = run(setup, out, "--no_running_lines")
+    assert "resuming: 2 of 4 chunks already in" in proc.stderr
+    assert "40.0/40.0" in proc.stderr                 # only the 2 missing chunks (4 captions)' pairs were scored
+    np.testing.assert_array_equal(np.load(folder / "test_de_scores.npy"),
+                                  np.load(result_dir(single[0], setup["checkpoint"]) / "test_de_scores.npy"))
+    assert read_final_lines(proc.stdout) == read_final_lines(single[1].stdout)
+    assert not (folder / "test_de_chunks").exists()
+
+
 def test_wit_zero_shot_several_captions_per_image(setup):
     from volta_ml.models import build_model, load_config
 

@@ -201,6 +201,10 @@ def compute_score_matrix(model, captions: dict, gallery: dict, *, task_id: str |
     owned = plan.owned(info)
     results = {c: store.load(c) for c in owned} if store else {}
     todo = [c for c in owned if results.get(c) is None]
+    if store and len(todo) < len(owned):
+        label = f"rank {info.rank}: " if info.world_size > 1 else ""
+        print(f"{label}resuming: {len(owned) - len(todo)} of {len(owned)} chunks already in {work_dir}",
+              file=sys.stderr)
 
     if todo:
         scorer = PairScorer(model, task_id, zero_shot, precision, reuse_prefix)

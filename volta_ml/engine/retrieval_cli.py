@@ -65,6 +65,7 @@ def add_eval_retrieval_flags(parser: argparse.ArgumentParser) -> None:
     extra.add_argument("--work_dir", type=str, default=None,
                        help="where finished chunks are kept for resuming (default <result dir>/<split>_chunks)")
     extra.add_argument("--no_resume", action="store_true", help="discard saved chunks and start over")
+    extra.add_argument("--keep_chunks", action="store_true", help="keep the chunk folder after success")
     extra.add_argument("--shortlist", type=int, default=0,
                        help="NON-STANDARD fast mode: re-rank only the K best images per caption by a cheap "
                             "score (the cross-encoder on --shortlist_regions regions); not comparable to IGLUE")
@@ -229,8 +230,7 @@ def run_eval_retrieval(args) -> dict | None:
         elapsed = time.time() - started
         if not info.is_main:
             return None
-        pairs = len(captions) * len(images)
-        print(f"score matrix ready in {elapsed:.1f}s ({pairs / max(elapsed, 1e-9):.1f} pairs/s)", file=sys.stderr)
+        print(f"score matrix ready in {elapsed:.1f}s", file=sys.stderr)
         report = print_report(scores, caption_image, args)
         np.save(os.path.join(out_dir, f"{split}_scores.npy"), scores.astype(args.score_dtype))
         write_json(os.path.join(out_dir, f"{split}_result.json"), top_images(scores))
@@ -239,7 +239,8 @@ def run_eval_retrieval(args) -> dict | None:
                       precision=precision, seconds=elapsed, zero_shot=bool(args.zero_shot),
                       standard=not args.shortlist, shortlist=args.shortlist or None)
         write_json(os.path.join(out_dir, f"{split}_retrieval.json"), report)
-        shutil.rmtree(work_dir, ignore_errors=True)   # everything it held is in <split>_scores.npy now
+        if not args.keep_chunks:
+            shutil.rmtree(work_dir, ignore_errors=True)   # everything it held is in <split>_scores.npy now
         return report
     finally:
         shutdown(info)
