@@ -143,6 +143,9 @@ def main() -> None:
             rows = [("VOLTA (1 cap/fwd, fp32)", 1, volta)]
             for precision in args.precision.split(","):
                 for ranks in (int(r) for r in args.ranks.split(",")):
+                    if args.device.startswith("cuda") and ranks > torch.cuda.device_count():
+                        print(f"(skipping {ranks} ranks: only {torch.cuda.device_count()} GPU(s), one rank per GPU)")
+                        continue
                     rows.append((f"volta-ml ({precision})", ranks,
                                  time_ours(family, size, n_cap, n_img, args.device, precision, ranks, args.threads,
                                            args.pair_batch)))
