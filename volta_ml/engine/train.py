@@ -314,7 +314,7 @@ def _start_summary(job, args, info, batch, micro_per_epoch, total_steps, warmup,
         f"clip {args.clip_grad_norm:g}",
         f"precision    {args.amp if args.amp != 'none' else 'float32'} on {info.device}, world size {info.world_size}",
         f"output       {job.run_dir}" + (f", TensorBoard {job.tb_dir}" if job.tb_dir else ""),
-        f"start        " + (f"resumed at step {global_step} (epoch {start_epoch}, micro-batch {start_micro})"
+        "start        " + (f"resumed at step {global_step} (epoch {start_epoch}, micro-batch {start_micro})"
                             if resumed else "fresh"),
     ] + [f"{key:<12} {value}" for key, value in job.summary.items()]
     logger.info("***** Training *****\n  " + "\n  ".join(lines))
