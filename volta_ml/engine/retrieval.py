@@ -123,6 +123,11 @@ def _atomic_write(path: str, write) -> None:
             os.unlink(tmp)
 
 
+def save_array(path: str, array: np.ndarray) -> None:
+    """`np.save`, atomically: a crash leaves the old file or none, never a truncated one."""
+    _atomic_write(path, lambda handle: np.save(handle, array))
+
+
 def _pair_batches(n_captions: int, n_images: int, pair_batch: int):
     """(caption rows, image rows) of consecutive pairs in caption-major order."""
     total = n_captions * n_images

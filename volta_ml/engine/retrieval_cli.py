@@ -176,7 +176,7 @@ def run_eval_retrieval(args) -> dict | None:
     from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
     from volta_ml.engine.distributed import barrier, init_distributed, shutdown
     from volta_ml.engine.eval_cli import write_json
-    from volta_ml.engine.retrieval import compute_score_matrix
+    from volta_ml.engine.retrieval import compute_score_matrix, save_array
     from volta_ml.models import load_config
     from volta_ml.tasks.common import TextSource
     from volta_ml.tasks.config import PathResolver, entry_path, get_task_entry, load_task_config
@@ -191,6 +191,8 @@ def run_eval_retrieval(args) -> dict | None:
         task_id, entry = get_task_entry(task_config, args.task)
         entry = PathResolver(args.data_root, args.path_map).resolve_entry(entry)
         model_config = load_config(args.config_file, is_m3p=args.is_m3p or None)
+        if entry.get("fusion_method"):
+            model_config.fusion_method = entry["fusion_method"]
         tokenizer = load_tokenizer(*resolve_tokenizer_args(args, model_config))
         split = args.split or entry.get("val_split") or "test"
         annotation = entry_path(entry, "val_annotations_jsonpath", args.val_annotations_jsonpath)
@@ -217,8 +219,9 @@ def run_eval_retrieval(args) -> dict | None:
             if args.no_resume and os.path.isdir(work_dir):
                 shutil.rmtree(work_dir)
         barrier(info)
-        print(f"{len(captions)} captions x {len(images)} images = {len(captions) * len(images)} pairs, "
-              f"{info.world_size} rank(s), {info.device}, {precision}", file=sys.stderr)
+        if info.is_main:
+            print(f"{len(captions)} captions x {len(images)} images = {len(captions) * len(images)} pairs, "
+                  f"{info.world_size} rank(s), {info.device}, {precision}", file=sys.stderr)
         started = time.time()
         scores = compute_score_matrix(
             model, caption_tensors(text), gallery, task_id=task_id, zero_shot=args.zero_shot, info=info,
@@ -232,7 +235,7 @@ def run_eval_retrieval(args) -> dict | None:
             return None
         print(f"score matrix ready in {elapsed:.1f}s", file=sys.stderr)
         report = print_report(scores, caption_image, args)
-        np.save(os.path.join(out_dir, f"{split}_scores.npy"), scores.astype(args.score_dtype))
+        save_array(os.path.join(out_dir, f"{split}_scores.npy"), scores.astype(args.score_dtype))
         write_json(os.path.join(out_dir, f"{split}_result.json"), top_images(scores))
         write_json(os.path.join(out_dir, f"{split}_others.json"), [])
         report.update(split=split, n_captions=len(captions), n_images=len(images), world_size=info.world_size,
