@@ -169,17 +169,19 @@ class AttentionSublayer(nn.Module):
             return y[:, :L], y[:, L:]
         s, sa, out = self.spec, self.attention_self, self.attention_output
         kt = vt_ = kv = vv_ = None
-        if sa.has_text:
+        if sa.has_text and t is not None:
             kt, vt_ = _heads(sa.key(t), sa.h), _heads(sa.value(t), sa.h)
-        if sa.has_vision:
+        if sa.has_vision and v is not None:
             kv, vv_ = _heads(sa.v_key(v), sa.hv), _heads(sa.v_value(v), sa.hv)
+        # A modality passed as None is not computed (pair-independent prefix, see VLEncoder.forward_prefix).
+        has_text, has_vision = sa.has_text and t is not None, sa.has_vision and v is not None
         t_new, v_new = t, v
-        if sa.has_text:
+        if has_text:
             keys = [(kt, vt_, mt)] if s.tt else []
             keys += [(kv, vv_, mv)] if s.tv else []
             ctx = self._attend_keys(_heads(sa.query(t), sa.h), keys, self.p_text)
             t_new = out.LayerNorm(out.dropout(out.dense(ctx)) + t)
-        if sa.has_vision:
+        if has_vision:
             keys = [(kt, vt_, mt)] if s.vt else []
             keys += [(kv, vv_, mv)] if s.vv else []
             ctx = self._attend_keys(_heads(sa.v_query(v), sa.hv), keys, self.p_vision)
@@ -248,9 +250,9 @@ class FeedForwardSublayer(nn.Module):
 
     def forward(self, t, v, mt=None, mv=None):
         o, i = self.output, self.intermediate
-        if self.spec.t_ff:
+        if self.spec.t_ff and t is not None:
             t = o.LayerNorm(o.dropout(o.dense(self.act(i.dense(t)))) + t)
-        if self.spec.v_ff:
+        if self.spec.v_ff and v is not None:
             v = o.v_LayerNorm(o.v_dropout(o.v_dense(self.v_act(i.v_dense(v)))) + v)
         return t, v
 
@@ -266,11 +268,23 @@ class VLEncoder(nn.Module):
         # Single-stream models (every sub-layer shared over both modalities) run on one concatenated
         # tensor end to end, which saves a concat/split per sub-layer.
         self.all_joint = len(self.layer) > 0 and all(m.joint for m in self.layer)
+        # Leading sub-layers where neither modality reads the other (dual-stream text-only / vision-only
+        # layers): their outputs depend on one caption or one image alone, not on the pair.
+        cross = [s.n for s in specs if s.tv or s.vt]
+        self.cross_start = 0 if self.all_joint else (cross[0] if cross else len(specs))
 
-    def forward(self, t, v, mt, mv, output_all_encoded_layers: bool = False):
-        """Returns (list of text states, list of vision states): [embeddings, ..., final]."""
+    def forward_prefix(self, t, v, mt, mv):
+        """Sub-layers before `cross_start` on one modality or both; None skips a modality, and text and
+        vision may have different batch sizes since nothing here mixes them."""
+        for m in self.layer[:self.cross_start]:
+            t, v = m(t, v, mt, mv)
+        return t, v
+
+    def forward(self, t, v, mt, mv, output_all_encoded_layers: bool = False, start: int = 0):
+        """Returns (list of text states, list of vision states): [input, ..., final]. `start` > 0 resumes
+        after states that already went through sub-layers [0, start) (see `forward_prefix`)."""
         all_t, all_v = [t], [v]
-        if self.all_joint:
+        if self.all_joint and start == 0:
             L = t.shape[1]
             x, mask = torch.cat([t, v], 1), torch.cat([mt, mv], -1)
             for m in self.layer:
@@ -282,7 +296,7 @@ class VLEncoder(nn.Module):
                 all_t.append(x[:, :L])
                 all_v.append(x[:, L:])
             return all_t, all_v
-        for m in self.layer:
+        for m in self.layer[start:]:
             t, v = m(t, v, mt, mv)
             if output_all_encoded_layers:
                 all_t.append(t)

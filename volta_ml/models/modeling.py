@@ -62,6 +62,48 @@ class VLBertModel(nn.Module):
         dtype = t.dtype
         all_t, all_v = self.encoder(t, v, additive_mask(attention_mask, dtype),
                                     additive_mask(image_attention_mask, dtype), output_all_encoded_layers)
+        return self._pool(input_txt, all_t, all_v, output_all_encoded_layers)
+
+    # ---- pair-independent prefix (dual-stream families): used to score many (caption, image) pairs -------
+
+    @property
+    def pair_independent_depth(self) -> int:
+        """How many leading sub-layers see one modality only (0 for single-stream models, whose shared
+        embedding already mixes text and image)."""
+        return self.encoder.cross_start if hasattr(self, "v_embeddings") else 0
+
+    def _need_split(self) -> None:
+        if not hasattr(self, "v_embeddings"):
+            raise ConfigError(f"{self.config.source}: {self.config.image_embeddings!r} embeds text and image "
+                              "jointly, so there is no per-caption / per-image prefix to compute")
+
+    def encode_text_prefix(self, input_txt, token_type_ids=None, attention_mask=None) -> torch.Tensor:
+        """Text states after the first `pair_independent_depth` sub-layers: the same for every image."""
+        self._need_split()
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_txt)
+        t = self.embeddings(input_txt, token_type_ids)
+        return self.encoder.forward_prefix(t, None, additive_mask(attention_mask, t.dtype), None)[0]
+
+    def encode_image_prefix(self, input_imgs, image_loc, image_attention_mask=None) -> torch.Tensor:
+        """Vision states after the first `pair_independent_depth` sub-layers: the same for every caption."""
+        self._need_split()
+        if image_attention_mask is None:
+            image_attention_mask = torch.ones(input_imgs.shape[:2], dtype=torch.long, device=input_imgs.device)
+        v = self.v_embeddings(input_imgs, image_loc)
+        return self.encoder.forward_prefix(None, v, None, additive_mask(image_attention_mask, v.dtype))[1]
+
+    def encode_pairs(self, text_prefix, image_prefix, attention_mask, image_attention_mask,
+                     input_txt=None) -> EncoderOutput:
+        """The rest of the encoder and the poolers on aligned rows of prefix states (row i = pair i); equal to
+        `forward` on the same pairs. `input_txt` is needed only by VL-BERT's VQA pooling."""
+        self._need_split()
+        dtype = text_prefix.dtype
+        all_t, all_v = self.encoder(text_prefix, image_prefix, additive_mask(attention_mask, dtype),
+                                    additive_mask(image_attention_mask, dtype), start=self.pair_independent_depth)
+        return self._pool(input_txt, all_t, all_v, False)
+
+    def _pool(self, input_txt, all_t, all_v, output_all_encoded_layers: bool) -> EncoderOutput:
         seq_t, seq_v = all_t[-1], all_v[-1]
         pooled_t = pooled_v = None
         if hasattr(self, "t_pooler"):

@@ -1,0 +1,164 @@
+"""torch.distributed set-up without flags: torchrun, Slurm `srun`, or a single process.
+
+- torchrun (and the old `torch.distributed.launch`) export RANK / WORLD_SIZE / LOCAL_RANK.
+- `srun python train_task.py ...` with several tasks exports SLURM_PROCID / SLURM_NTASKS /
+  SLURM_LOCALID; the rendezvous address is the first node of the job and the port is
+  derived from the job id, so every task computes the same values.
+- otherwise one process; `--local_rank` from old launch scripts only picks the GPU.
+Only rank 0 writes files and logs.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset, DistributedSampler, Sampler
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    initialized: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """First host name of a Slurm node list such as `gpu[03-05,7],cpu1` -> `gpu03`."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise ValueError(f"cannot parse SLURM_JOB_NODELIST={nodelist!r}")
+    prefix, ranges = match.groups()
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def detect_launch(env=os.environ) -> dict | None:
+    """Rank/world/local rank plus rendezvous variables, or None for a single process."""
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return {"rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"]),
+                "local_rank": int(env.get("LOCAL_RANK", 0)), "env": {}}
+    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
+        job_id = int(env.get("SLURM_JOB_ID", "0"))
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
+        rendezvous = {
+            "MASTER_ADDR": env.get("MASTER_ADDR") or first_slurm_host(nodelist),
+            "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + job_id % 20000),
+        }
+        return {"rank": int(env["SLURM_PROCID"]), "world_size": int(env["SLURM_NTASKS"]),
+                "local_rank": int(env.get("SLURM_LOCALID", 0)), "env": rendezvous}
+    return None
+
+
+def pick_device(requested: str | None, local_rank: int) -> torch.device:
+    """`--device`: None/"auto" -> CUDA when available; "cuda" -> cuda:<local rank>; "cuda:N" as given."""
+    if requested in (None, "", "auto"):
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(requested)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"--device {requested} was requested but torch sees no CUDA device")
+        if device.index is None:
+            device = torch.device("cuda", max(local_rank, 0) % torch.cuda.device_count())
+    return device
+
+
+def init_distributed(local_rank_flag: int = -1, device: str | None = None) -> DistInfo:
+    launch = detect_launch()
+    if launch is None:
+        return DistInfo(local_rank=max(local_rank_flag, 0), device=pick_device(device, local_rank_flag))
+    os.environ.update(launch["env"])
+    os.environ.setdefault("RANK", str(launch["rank"]))
+    os.environ.setdefault("WORLD_SIZE", str(launch["world_size"]))
+    os.environ.setdefault("LOCAL_RANK", str(launch["local_rank"]))
+    dev = pick_device(device, launch["local_rank"])
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", init_method="env://",
+                                rank=launch["rank"], world_size=launch["world_size"],
+                                timeout=timedelta(minutes=30))
+    return DistInfo(rank=launch["rank"], world_size=launch["world_size"], local_rank=launch["local_rank"],
+                    device=dev, initialized=True)
+
+
+def shutdown(info: DistInfo) -> None:
+    if info.initialized and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.initialized and info.world_size > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def gather_objects(obj, info: DistInfo) -> list:
+    """Every rank's `obj`, in rank order (a one-element list in a single process)."""
+    if not (info.initialized and info.world_size > 1):
+        return [obj]
+    gathered = [None] * info.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def broadcast_object(obj, info: DistInfo):
+    if not (info.initialized and info.world_size > 1):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(info: DistInfo) -> None:
+    if info.initialized and info.world_size > 1:
+        dist.barrier()
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """DistributedSampler (shuffle seeded by seed + epoch) that can start mid-epoch.
+
+    `skip_next_epoch(n)` drops the first n indices of this rank for the next `set_epoch`
+    epoch only, so a resumed run sees exactly the batches the interrupted one had left.
+    With one process it is a plain seeded shuffle; with R processes, rank r takes every
+    R-th index, so R ranks with batch b see the same examples per step as one with R*b.
+    """
+
+    def __init__(self, dataset: Dataset, info: DistInfo, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False):
+        super().__init__(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=shuffle, seed=seed,
+                         drop_last=drop_last)
+        self._skip = 0
+
+    def skip_next_epoch(self, count: int) -> None:
+        self._skip = count
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        skip, self._skip = self._skip, 0
+        return iter(indices[skip:])
+
+
+class ShardSampler(Sampler[int]):
+    """Evaluation shard of rank r: indices r, r+R, ... with no padding, so the gathered sums
+    count every example exactly once."""
+
+    def __init__(self, length: int, info: DistInfo):
+        self.indices = list(range(info.rank, length, info.world_size))
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)

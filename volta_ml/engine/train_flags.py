@@ -1,0 +1,82 @@
+"""train_task.py's flags: IGLUE-VOLTA's set (specs/pipeline.md §a.1) plus volta-ml's additions.
+
+Model, task and volta-ml-extra flags come from `volta_ml.engine.flags` (shared with eval_task.py), with
+train_task's own defaults (`--seed 0`, `--config_file config/vilbert_base.json`). Both tokenizer styles
+work: IGLUE-VOLTA's `--bert_model/--do_lower_case` flags and VOLTA-HEAD's config JSON keys.
+A repeated flag keeps its last value; a trailing bare `deactivate` is dropped with a warning.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from volta_ml.engine.flags import VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags
+
+
+def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    add_model_flags(parser)
+    add_task_flags(parser)
+    add_volta_ml_flags(parser)
+    parser.set_defaults(seed=0, config_file="config/vilbert_base.json")
+
+    # "resolve": --amp and --device replace the shared definitions with training's choices
+    group = parser.add_argument_group("training", conflict_handler="resolve")
+
+    def add(name, **kwargs):
+        group.add_argument(name, **kwargs)
+
+    # --- IGLUE-VOLTA flags -------------------------------------------------------------
+    add("--resume_file", default="", help="pytorch_ckpt_latest.tar to resume from; ignored if missing")
+    add("--output_dir", default="save", help="checkpoint root")
+    add("--logdir", default="logs", help="TensorBoard root")
+    add("--save_name", default="", help="suffix -<save_name> of the run directory")
+    add("--save_best_only", action="store_true", help="no per-epoch pytorch_model_<epoch>.bin on non-best epochs")
+    add("--save_every_num_epochs", type=int, default=1, help="save non-best epochs when (epoch+1) %% N == 0")
+    add("--train_split", default="", help="overrides the task config train_split")
+    add("--val_split", default="", help="overrides the task config val_split")
+    add("--train_annotations_jsonpath", default="", help="overrides the training annotations path")
+    add("--val_annotations_jsonpath", default="", help="overrides the validation annotations path")
+    add("--train_features_lmdbpath", default="", help="feature store for the training set only")
+    add("--num_epoch", type=int, default=None, help="epochs to run (default: the task config num_epoch)")
+    add("--optim_train_epochs", type=int, default=20, help="epochs used ONLY to size the LR schedule")
+    add("--gradient_accumulation_steps", dest="grad_acc_steps", type=int, default=1,
+        help="micro-batches per optimizer step; the batch size is divided by it")
+    add("--batch_size", type=int, default=None, help="effective batch (default: task config batch_size)")
+    add("--eval_batch_size", type=int, default=None, help="validation batch (default: task config, then train batch)")
+    add("--max_val_batches", type=int, default=-1, help="epoch-end validation evaluates N-1 batches (VOLTA)")
+    add("--eval_steps", type=int, default=sys.maxsize, help="mid-epoch validation period (VOLTA's rule)")
+    add("--cache", type=int, default=5000, help="serialized loaders: shuffle/prefetch buffer")
+    add("--lr", type=float, default=None, help="learning rate (default: task config lr)")
+    add("--lr_scheduler", default="warmup_linear", help="warmup_linear, anything else: warmup then constant")
+    add("--warmup_proportion", type=float, default=0.1, help="warmup steps = proportion x total steps")
+    add("--warmup_steps", type=float, default=None, help="absolute warmup steps (overrides the proportion)")
+    add("--num_workers", type=int, default=16, help="training DataLoader workers (divided by world size)")
+    add("--num_val_workers", type=int, default=2, help="validation DataLoader workers")
+    add("--optim", default="AdamW", help="AdamW or RAdam")
+    add("--adam_epsilon", type=float, default=1e-6)
+    add("--adam_betas", type=float, nargs="+", default=[0.9, 0.999])
+    add("--adam_correct_bias", action="store_true", help="Adam bias correction (VOLTA default: off)")
+    add("--weight_decay", type=float, default=0.01)
+    add("--clip_grad_norm", type=float, default=0.0, help="clip the total gradient norm when > 0")
+
+    # --- volta-ml additions ------------------------------------------------------------
+    add("--amp", choices=["none", "bf16", "fp16"], default="none",
+        help="mixed precision with torch.amp (fp16 adds gradient scaling); off by default")
+    add("--adam_impl", choices=["volta", "torch"], default="volta",
+        help="volta: pytorch-transformers' AdamW exactly; torch: torch.optim.AdamW (fused on CUDA), "
+             "close to but not bit-identical with VOLTA")
+    add("--checkpoint_every_steps", type=int, default=0,
+        help="also write pytorch_ckpt_latest.tar every N optimizer steps (0: at epoch ends only)")
+    add("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available; under torchrun/Slurm "
+                                       "each process takes cuda:<local rank>)")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = VoltaArgumentParser(prog="train_task.py",
+                                 description="Fine-tune a VOLTA model on one task (IGLUE-VOLTA compatible).")
+    return add_train_flags(parser)
+
+
+def parse_train_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(sys.argv[1:] if argv is None else argv)

@@ -1,0 +1,162 @@
+"""Pieces the training loop uses: pre-emption signals, mixed precision, loaders, validation."""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import multiprocessing
+import signal
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from volta_ml.engine.checkpointing import unwrap
+from volta_ml.engine.distributed import DistInfo, ResumableDistributedSampler, ShardSampler, all_reduce_sum
+
+logger = logging.getLogger("volta_ml.train")
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(Exception):
+    """Raised after the resume file was written because SIGTERM/SIGUSR1 arrived."""
+
+    def __init__(self, signum: int, path):
+        super().__init__(f"stopped by {signal.Signals(signum).name}; resume with --resume_file {path}")
+        self.signum = signum
+        self.exit_code = 128 + signum  # what a shell reports for a signal death: the job is not "done"
+
+
+class NonFiniteLoss(Exception):
+    pass
+
+
+class PreemptionFlag:
+    """Records SIGTERM / SIGUSR1 instead of dying; the loop saves at the next optimizer step."""
+
+    def __init__(self):
+        self.signum = 0
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in PREEMPTION_SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. embedded use): signals stay as they were
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def _ignore_preemption_in_worker(worker_id: int) -> None:
+    # Slurm signals every process of the step; workers must outlive the main process's save.
+    for sig in PREEMPTION_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _kill_leftover_workers() -> None:
+    """At exit after a crash, DataLoader workers may still be alive (a traceback holds their
+    iterator); multiprocessing would SIGTERM them, which they ignore, and wait forever."""
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join(timeout=5)
+
+
+atexit.register(_kill_leftover_workers)  # runs before multiprocessing's own exit hook (LIFO)
+
+
+@dataclass
+class Precision:
+    """`--amp none|bf16|fp16`: autocast dtype plus a GradScaler that is only active for fp16."""
+    mode: str
+    device: torch.device
+
+    def __post_init__(self):
+        if self.mode not in ("none", "bf16", "fp16"):
+            raise ValueError(f"--amp must be none, bf16 or fp16, got {self.mode!r}")
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.mode == "fp16")
+
+    def autocast(self):
+        if self.mode == "none":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.mode == "bf16" else torch.float16
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+
+def train_loader(dataset: Dataset, batch_size: int, info: DistInfo, args, collate_fn) -> DataLoader:
+    sampler = ResumableDistributedSampler(dataset, info, shuffle=True, seed=args.seed)
+    workers = args.num_workers // info.world_size
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                      collate_fn=collate_fn, pin_memory=info.device.type == "cuda", drop_last=args.drop_last,
+                      worker_init_fn=_ignore_preemption_in_worker if workers else None,
+                      # a private generator: creating an epoch's iterator must not draw from the
+                      # global torch RNG, or a resumed run would see different dropout masks
+                      generator=torch.Generator(), persistent_workers=workers > 0)
+
+
+def val_loader(dataset: Dataset, batch_size: int, info: DistInfo, args, collate_fn,
+               max_batches: int | None = None) -> DataLoader:
+    """Validation shard of this rank; `max_batches` keeps the first max_batches*batch_size
+    examples of the whole set, so the result does not depend on the number of ranks."""
+    if max_batches is not None:
+        dataset = Subset(dataset, range(min(len(dataset), max_batches * batch_size)))
+    workers = args.num_val_workers
+    return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(len(dataset), info),
+                      num_workers=workers, collate_fn=collate_fn, pin_memory=info.device.type == "cuda",
+                      worker_init_fn=_ignore_preemption_in_worker if workers else None,
+                      persistent_workers=workers > 0)  # built once per run: no fork per evaluation
+
+
+def move_to_device(batch, device: torch.device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: move_to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(value, device) for value in batch)
+    return batch
+
+
+def as_tensor(value, device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device=device, dtype=torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64, device=device)
+
+
+@torch.no_grad()
+def validate(model: nn.Module, loader: DataLoader, forward_and_loss: Callable, task_id: str,
+             info: DistInfo, precision: Precision) -> tuple[float, float, int]:
+    """(mean loss, score fraction, examples) over the whole validation set, all ranks summed.
+
+    Loss is weighted by examples (Σ loss_b·n_b / Σ n_b) and score = Σ score_b / Σ n_b,
+    as VOLTA's validation line reports them.
+    """
+    bare = unwrap(model)
+    was_training = bare.training
+    bare.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=info.device)
+    for batch in loader:
+        batch = move_to_device(batch, info.device)
+        with precision.autocast():
+            loss, score_sum, n_examples, _ = forward_and_loss(bare, batch, task_id)
+        n = as_tensor(n_examples, info.device)
+        sums += torch.stack([as_tensor(loss, info.device) * n, as_tensor(score_sum, info.device), n])
+    all_reduce_sum(sums, info)
+    bare.train(was_training)
+    loss_sum, score_sum, count = sums.tolist()
+    if count == 0:
+        logger.warning("validation saw no examples (empty val set, or --max_val_batches 1, which "
+                       "evaluates 0 batches as in VOLTA)")
+        return 0.0, 0.0, 0
+    return loss_sum / count, score_sum / count, int(count)
