@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "volta_ml.engine.eval_cli",
     "volta_ml.engine.gqa_score_cli",
     "volta_ml.engine.train_cli",
+    "volta_ml.engine.retrieval_cli",
     "volta_ml.protocols.cli",
 ]
 
