@@ -178,3 +178,16 @@ def test_volta_ml_command_registers_sweep_and_report():
     proc = subprocess.run([sys.executable, "-m", "volta_ml.cli", "--help"], cwd=REPO, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert proc.returncode == 0 and "sweep" in proc.stdout and "report" in proc.stdout
+
+
+def test_run_command_is_a_one_model_grid(tmp_path):
+    from volta_ml.protocols.cli import main
+
+    assert main(["run", "zero_shot", "few_shot", "--task", "marvl", "--model", "uc2", "--config", "uc2_base",
+                 "--finetuned", "/ckpt/{task}.bin", "--data_root", str(tmp_path / "data"), "--output_dir",
+                 str(tmp_path / "out"), "--languages", "id", "--shots", "1", "2", "--slurm"]) == 0
+    grid = load_grid(tmp_path / "out/grid.yml")
+    assert grid.models["uc2"].finetuned == {"marvl": "/ckpt/{task}.bin"} and grid.shots == {"marvl": ["1", "2"]}
+    sizes = {s: len(c) for s, c in cells_by_stage(plan_cells(grid)).items()}
+    assert sizes == {"zero_shot": 2, "few_shot_train": 2 * 3, "few_shot_test": 2}
+    assert "#SBATCH --array=0-5\n" in (tmp_path / "out/slurm/few_shot_train.sbatch").read_text()
