@@ -37,11 +37,11 @@ def env(tmp_path_factory):
             "tasks": load_task_config(TASKS)}
 
 
-def run(env, capsys, model: str, task: str, extra: list[str], force=None, seed=0):
+def run(env, capsys, model: str, task: str, extra: list[str], force=None, seed=0, head_gain=1.0):
     config = env["uniter"] if model == "uniter" else env["xuniter"]
     ckpt_dir = env["tmp"] / f"ckpt_{model}_{task}_{force}_{seed}"
     ckpt = build_checkpoint(config, env["tasks"], f"TASK{task}", ckpt_dir / "pytorch_model_best.bin",
-                            seed=seed, force_class=force)
+                            seed=seed, force_class=force, head_gain=head_gain)
     out = env["tmp"] / f"out_{model}_{task}_{force}_{seed}"
     tokenizer = ["--bert_model", str(env["bert"]), "--do_lower_case"] if model == "uniter" else \
         ["--bert_model", str(env["xlmr"])]
@@ -112,7 +112,7 @@ def test_marvl_forced_true_score_and_consistency(env, capsys):
     groups = defaultdict(list)
     for r in rows:
         groups[r["caption"]].append(bool(r["label"]))
-    consistency = 100 * sum(all(v) for v in groups.values()) / len(groups)
+    consistency = sum(all(v) for v in groups.values()) / len(groups) * 100
     lines = err.strip().splitlines()
     assert "Validation [NLVR2]:" in lines[-2] and last_validation(err) == pytest.approx(expected, abs=5e-4)
     assert lines[-1].split("Consistency: ")[1] == repr(consistency)
@@ -124,12 +124,16 @@ def test_marvl_forced_true_score_and_consistency(env, capsys):
 def test_retrieval_as_classification(env, capsys):
     annotations = env["root"] / "xFlickrCO/annotations/de/dev_100.jsonl"
     results, _, err = run(env, capsys, "xuniter", "8", ["--split", "dev_de", "--val_annotations_jsonpath",
-                                                         str(annotations)], seed=5)
+                                                         str(annotations)], seed=5, head_gain=1e4)
     predictions = json.loads((results / "dev_de_result.json").read_text())
     assert len(predictions) == 100 and all(len(p["answer"]) == 4 for p in predictions)
     assert all(abs(sum(p["answer"]) - 1) < 1e-5 for p in predictions)
-    picked_positive = sum(max(range(4), key=lambda i: p["answer"][i]) == 0 for p in predictions)
+    # the head gain keeps the positive apart from the negatives, so the written probabilities decide as the
+    # logits did (two negatives may tie exactly when they drew the same caption; that changes nothing)
+    assert all(abs(p["answer"][0] - max(p["answer"][1:])) > 1e-6 for p in predictions)
+    picked_positive = sum(p["answer"][0] > max(p["answer"][1:]) for p in predictions)
     assert last_validation(err) == pytest.approx(picked_positive, abs=5e-4)
+    assert 0 < picked_positive < 100
     assert "Validation [RetrievalxFlickrCO]" in err.splitlines()[-1]
 
 
@@ -140,5 +144,33 @@ def test_wrong_task_head_warns(env, capsys):
     eval_cli.main(["--bert_model", str(env["bert"]), "--do_lower_case", "--config_file", str(config),
                    "--from_pretrained", str(ckpt), "--tasks_config_file", TASKS, "--task", "19",
                    "--output_dir", str(env["tmp"] / "wrong_out"), "--data_root", str(env["root"]),
-                   "--num_val_workers", "0"])
+                   "--num_val_workers", "0", "--cache_dir", str(env["tmp"] / "token_cache")])
     assert "has no TASK19 head" in capsys.readouterr().err
+    assert len(list((env["tmp"] / "token_cache").glob("*.npz"))) == 1  # the cache lives outside the data
+    assert not list(env["root"].rglob("cache"))
+
+
+def test_amp_and_workers_keep_the_forced_score(env, capsys):
+    results, _, err = run(env, capsys, "uniter", "19", ["--split", "test", "--amp", "--num_val_workers", "2"],
+                          force=2)
+    rows = read_jsonl(env["root"] / "XVNLI/annotations/en/test.jsonl")
+    assert last_validation(err) == pytest.approx(100 * sum(r["gold_label"] == "entailment" for r in rows)
+                                                 / len(rows), abs=5e-4)
+    assert len(json.loads((results / "test_result.json").read_text())) == len(rows)
+
+
+def test_user_errors_are_one_line(env, capsys, tmp_path):
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"gold_label": "neutral", "sentence2": "x", "Flikr30kID": "1"}\n{oops\n')
+    ckpt = build_checkpoint(env["uniter"], env["tasks"], "TASK19", tmp_path / "pytorch_model_best.bin")
+    capsys.readouterr()
+    code = eval_cli.main(["--bert_model", str(env["bert"]), "--config_file", str(env["uniter"]),
+                          "--from_pretrained", str(ckpt), "--tasks_config_file", TASKS, "--task", "19",
+                          "--data_root", str(env["root"]), "--val_annotations_jsonpath", str(broken),
+                          "--output_dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "broken.jsonl:2: not valid JSON" in err and "Traceback" not in err
+    capsys.readouterr()
+    code = eval_cli.main(["--config_file", str(env["uniter"]), "--from_pretrained", str(ckpt),
+                          "--tasks_config_file", TASKS, "--task", "4", "--output_dir", str(tmp_path)])
+    assert code == 2 and "available: TASK8, TASK12, TASK15, TASK19, TASK20" in capsys.readouterr().err

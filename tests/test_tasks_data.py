@@ -227,3 +227,39 @@ def test_family_selection():
     assert family_for({"type": "VL-logit", "name": "RetrievalWIT"}) is retrieval
     with pytest.raises(Exception, match="not supported"):
         family_for({"type": "V-logit", "name": "refcoco"})
+
+
+def test_retrieval_hard_negatives_for_the_train_split(tmp_path, bert):
+    import pickle
+
+    path = need_iglue() / "xFlickrCO/annotations/de/train_10.jsonl"
+    rows = read_jsonl(path)
+    names = [str(int(r["img_path"].split(".")[0])) for r in rows]
+    store = make_store(tmp_path / "train.lmdb", names)
+    pool = np.zeros((len(names), 100))
+    pool[:, 1:] = 7  # every image's nearest neighbours: image 7
+    pool[7, 1:] = 3
+    with open(tmp_path / "hard_negative.pkl", "wb") as handle:
+        pickle.dump({"train_image_list": names, "train_hard_pool": pool}, handle)
+    entry = {"name": "RetrievalFlickr30k", "type": "VL-logit", "max_seq_length": 24, "max_region_num": 36,
+             "dataroot": str(tmp_path)}
+    dataset = retrieval.build_dataset(entry, "train", bert, view_of(store), annotation_path=str(path))
+    for index in (0, 5, 7):
+        hard_image = 3 if index == 7 else 7
+        expected = encode_texts(bert, [rows[hard_image]["sentences"][0]], 24)[0][0]
+        assert np.array_equal(dataset[index]["input_txt"][3], expected)
+
+
+def test_retrieval_single_image_uses_mask_text_and_store_images(tmp_path, bert):
+    path = need_iglue() / "xFlickrCO/annotations/de/train_1.jsonl"
+    row = read_jsonl(path)[0]
+    own = str(int(row["img_path"].split(".")[0]))
+    store = make_store(tmp_path / "one.lmdb", [own, "111", "222"])
+    entry = {"name": "RetrievalFlickr30k", "type": "VL-logit", "max_seq_length": 16, "max_region_num": 36}
+    view = view_of(store)
+    dataset = retrieval.build_dataset(entry, "train_de_1", bert, view, annotation_path=str(path))
+    item = dataset[0]
+    mask = encode_texts(bert, ["[MASK]"], 16)[0][0]
+    assert np.array_equal(item["input_txt"][1], mask) and np.array_equal(item["input_txt"][3], mask)
+    others = [np.asarray(view[k].features) for k in ("111", "222")]
+    assert any(np.array_equal(item["input_imgs"][2], o) for o in others)

@@ -31,14 +31,15 @@ class RecordingModel(torch.nn.Module):
 
 
 def batch_of(b, rows, txt=5, feat=4, extra=()):
-    shape = (b, *extra)
-    return {"input_txt": torch.arange(b * txt).view(b, txt).repeat_interleave(1, 0).reshape(*shape, -1)
-            if not extra else torch.arange(b * extra[0] * txt).view(*shape, txt),
-            "input_imgs": torch.arange(b * (extra[0] if extra else 1) * rows * feat, dtype=torch.float32)
-            .view(*shape, rows, feat),
-            "image_loc": torch.zeros(*shape, rows, 5), "image_attention_mask": torch.ones(*shape, rows, dtype=torch.long),
-            "token_type_ids": torch.zeros(*shape, txt, dtype=torch.long),
-            "attention_mask": torch.ones(*shape, txt, dtype=torch.long)}
+    """A batch of distinct, recognisable inputs: `extra=(4,)` adds retrieval's options dimension."""
+    lead = (b, *extra)
+    count = int(torch.tensor(lead).prod())
+    return {"input_txt": torch.arange(count * txt).view(*lead, txt),
+            "input_imgs": torch.arange(count * rows * feat, dtype=torch.float32).view(*lead, rows, feat),
+            "image_loc": torch.zeros(*lead, rows, 5),
+            "image_attention_mask": torch.ones(*lead, rows, dtype=torch.long),
+            "token_type_ids": torch.zeros(*lead, txt, dtype=torch.long),
+            "attention_mask": torch.ones(*lead, txt, dtype=torch.long)}
 
 
 def test_xvnli_accuracy_counts_dash_labels_as_wrong():
@@ -72,6 +73,9 @@ def test_gqa_score_denominator_skips_unknown_ids(tmp_path):
              {"questionId": "3", "prediction": "cat"}, {"questionId": "99", "prediction": "yes"}]
     accuracy, matched = gqa.gqa_accuracy(preds, truth)
     assert matched == 3 and accuracy == 2 / 3 * 100  # IGLUE: the unknown id 99 is not in the denominator
+    many_truth = {str(i): {"answer": "yes"} for i in range(9666)}
+    many = [{"questionId": str(i), "prediction": "yes" if i < 3367 else "no"} for i in range(9666)]
+    assert repr(gqa.gqa_accuracy(many, many_truth)[0]) == "34.83343678874405"  # an IGLUE xGQA log value
     (tmp_path / "p.json").write_text(json.dumps(preds))
     (tmp_path / "t.json").write_text(json.dumps(truth))
     for command in ([sys.executable, str(REPO / "scripts/GQA_score.py")],
@@ -102,6 +106,9 @@ def test_nlvr2_pairs_rows_and_consistency():
     assert nlvr2.consistency(rows) == pytest.approx(200 / 3)  # groups b and c all right, a not
     assert nlvr2.extra_metrics(rows, "TASK12") == {"consistency": pytest.approx(200 / 3)}
     assert nlvr2.extra_metrics(rows, "TASK5") == {}  # VOLTA only computes it for TASK12
+    # 663 of 1987 sentence groups all right: IGLUE's ctrl_xuniter NLVR2 log line, digit for digit
+    groups = [{"sentence": f"s{i}", "prediction": 1, "label": int(i < 663)} for i in range(1987)]
+    assert f"Consistency: {nlvr2.consistency(groups)}" == "Consistency: 33.36688475088073"
 
 
 def test_retrieval_cross_entropy_triplet_and_score():

@@ -83,9 +83,3 @@ def encode_texts(tokenizer, texts: list[str], max_seq_length: int) -> tuple[np.n
             lengths[start + offset] = len(row)
     return ids, lengths
 
-
-def text_tensors(ids_row: np.ndarray, length: int) -> dict:
-    """Per-example arrays in VOLTA's naming: input ids, attention mask (1 on real tokens), segment ids (0)."""
-    mask = np.zeros_like(ids_row)
-    mask[:length] = 1
-    return {"input_txt": ids_row, "attention_mask": mask, "token_type_ids": np.zeros_like(ids_row)}

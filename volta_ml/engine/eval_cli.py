@@ -41,7 +41,7 @@ def setup_logging() -> None:
         logger.propagate = False
     for handler in logger.handlers:
         if isinstance(handler, logging.StreamHandler):
-            handler.setStream(sys.stderr)
+            handler.stream = sys.stderr
 
 
 def result_dir(output_dir: str, from_pretrained: str, save_name: str) -> str:
@@ -149,16 +149,44 @@ def run_eval(args) -> EvalResult:
     return result
 
 
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by inputs (files, flags, configs): reported as one clear line instead of a traceback."""
+    from volta_ml.data import AnnotationError, TokenizerLoadError
+    from volta_ml.tasks.common import MissingImageError
+    from volta_ml.tasks.config import TaskConfigError
+    errors = [AnnotationError, TokenizerLoadError, MissingImageError, TaskConfigError, FileNotFoundError]
+    try:
+        from volta_ml.models import CheckpointError, ConfigError
+        errors += [CheckpointError, ConfigError]
+    except ImportError:
+        pass
+    try:
+        from volta_ml.features import FeatureStoreError
+        errors.append(FeatureStoreError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def run_checked(args, prog: str) -> int:
+    try:
+        run_eval(args)
+    except user_errors() as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("eval", help="evaluate a checkpoint on a VOLTA/IGLUE task (eval_task.py)",
                                    description=__doc__.split("\n")[0])
     parser.__class__ = VoltaArgumentParser  # unknown flags get a nearest-match suggestion
     add_eval_task_flags(parser)
-    parser.set_defaults(func=lambda args: (run_eval(args), 0)[1])
+    parser.set_defaults(func=lambda args: run_checked(args, "volta-ml eval"))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = VoltaArgumentParser(prog="eval_task.py", description="Evaluate a fine-tuned model on a VOLTA task.")
     add_eval_task_flags(parser)
-    run_eval(parser.parse_args(argv))
-    return 0
+    return run_checked(parser.parse_args(argv), "eval_task.py")

@@ -16,6 +16,8 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from volta_ml.tasks.common import model_device
+
 
 @dataclass
 class EvalResult:
@@ -53,10 +55,9 @@ def evaluate(model, dataset, family, task_id: str, *, batch_size: int = 30, num_
     evaluates exactly that many batches (VOLTA's `--max_val_batches N` means N-1 of them: pass N-1).
     The model is put in eval mode and restored to its previous mode afterwards.
     """
+    device = model_device(model)
     if loader is None:
-        device_type = next(model.parameters()).device.type if any(True for _ in model.parameters()) else "cpu"
-        loader = make_loader(dataset, batch_size, num_workers, pin_memory=device_type == "cuda")
-    device = next(model.parameters()).device
+        loader = make_loader(dataset, batch_size, num_workers, pin_memory=device.type == "cuda")
     was_training = model.training
     model.eval()
     loss_sum = score_sum = 0.0

@@ -163,7 +163,7 @@ class NativeWriter:
             return txn.get(META_KEY) is not None
 
     def _write_meta(self, complete: bool) -> None:
-        meta = json.dumps(self._meta(complete)).encode()
+        meta = json.dumps(self._meta(complete), default=str).encode()
         with self._env.begin(write=True) as txn:
             txn.put(META_KEY, meta)
 

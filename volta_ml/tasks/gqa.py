@@ -20,6 +20,7 @@ from volta_ml.tasks.common import (
     TaskDataset, TextSource, bce_mean, call_model, check_images, onehot_score_sum, prepare, region_arrays,
 )
 from volta_ml.tasks.config import entry_path
+from volta_ml.tasks.serialized import gqa_records, is_serialized
 
 TYPES = ("VL-classifier-GQA",)
 
@@ -117,8 +118,11 @@ def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annot
     if not dataroot:
         raise AnnotationError(f"{task_entry.get('name')}: the task config has no dataroot (answer vocabulary)")
     ans2label, label2ans = load_vocabulary(dataroot)
-    path, records = read_examples(split, dataroot, annotation_path, ans2label)
-    check_images(region_view, [(r["image_id"], r["line"]) for r in records], path)
+    if is_serialized(task_entry, region_view):  # VOLTA's GQA training format: questions inside the store
+        path, records = region_view.store.path, gqa_records(region_view)
+    else:
+        path, records = read_examples(split, dataroot, annotation_path, ans2label)
+        check_images(region_view, [(r["image_id"], r["line"]) for r in records], path)
     text = TextSource.encode(tokenizer, [r["text"] for r in records], task_entry.get("max_seq_length", 40),
                              path, token_cache)
     return GQADataset(records, path, region_view, task_entry, text, label2ans)

@@ -19,6 +19,7 @@ from volta_ml.tasks.common import (
     TaskDataset, TextSource, bce_mean, call_model, check_images, onehot_score_sum, prepare, region_arrays,
 )
 from volta_ml.tasks.config import entry_path
+from volta_ml.tasks.serialized import is_serialized, nlvr2_records
 
 TYPES = ("VL-binary-classifier",)
 
@@ -76,14 +77,18 @@ class NLVR2Dataset(TaskDataset):
 
 def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annotation_path=None,
                   token_cache=None, **_unused) -> NLVR2Dataset:
-    path = annotation_path
-    if not path:
-        dataroot = entry_path(task_entry, "dataroot")
-        if not dataroot:
-            raise AnnotationError(f"{task_entry.get('name')}: no annotation path and no dataroot for {split}.jsonl")
-        path = os.path.join(dataroot, f"{split}.jsonl")
-    records = read_examples(path)
-    check_images(region_view, [(i, r["line"]) for r in records for i in r["images"]], path)
+    if is_serialized(task_entry, region_view):  # VOLTA's NLVR2 training format: text inside the store
+        path, records = region_view.store.path, nlvr2_records(region_view)
+    else:
+        path = annotation_path
+        if not path:
+            dataroot = entry_path(task_entry, "dataroot")
+            if not dataroot:
+                raise AnnotationError(f"{task_entry.get('name')}: no annotation path and no dataroot for "
+                                      f"{split}.jsonl")
+            path = os.path.join(dataroot, f"{split}.jsonl")
+        records = read_examples(path)
+        check_images(region_view, [(i, r["line"]) for r in records for i in r["images"]], path)
     text = TextSource.encode(tokenizer, [r["text"] for r in records], task_entry.get("max_seq_length", 80),
                              path, token_cache)
     return NLVR2Dataset(records, path, region_view, task_entry, text)
@@ -126,7 +131,8 @@ def consistency(records: list[dict]) -> float:
         groups[row["sentence"]].append(row["prediction"] == row["label"])
     if not groups:
         return 0.0
-    return 100.0 * sum(all(flags) for flags in groups.values()) / len(groups)
+    # VOLTA's operation order (count / groups * 100): the logged repr matches IGLUE's logs digit for digit
+    return sum(all(flags) for flags in groups.values()) / len(groups) * 100
 
 
 def extra_metrics(records: list[dict], task_id: str) -> dict:

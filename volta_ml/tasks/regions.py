@@ -20,3 +20,15 @@ def open_region_view(features_path: str, model_config, task_entry: dict):
                       add_global_imgfeat=add_global if add_global in ("first", "last") else None,
                       max_region_num=int(task_entry.get("max_region_num", 36)),
                       norm_embeddings=bool(getattr(model_config, "norm_embeddings", False)))
+
+
+def features_path(task_entry: dict, role: str, override: str | None = None) -> str | None:
+    """The store a split reads, as VOLTA picks it: the CLI override (`--val_features_lmdbpath`,
+    `--train_features_lmdbpath`), else `features_h5path1`, except that serialized configs keep the
+    validation store in `features_h5path2`."""
+    from volta_ml.tasks.config import entry_path
+
+    if override:
+        return override
+    serialized = task_entry.get("format") == "serialized_lmdb"
+    return entry_path(task_entry, "features_h5path2" if serialized and role == "val" else "features_h5path1")

@@ -27,6 +27,7 @@ from volta_ml.tasks.common import (
     triplet_loss,
 )
 from volta_ml.tasks.config import entry_path
+from volta_ml.tasks.serialized import is_serialized, wit_image_ids
 
 TYPES = ("VL-logit",)
 NUM_OPTIONS = 4
@@ -77,6 +78,23 @@ def read_captions(path: str, region_view) -> tuple[list[str], list[dict]]:
     return images, captions
 
 
+def read_wit_serialized(path: str, region_view) -> tuple[list[str], list[dict]]:
+    """WIT training from a serialized store: one example per image record, the caption looked up by `wit_ix`
+    in the annotation file (the last row wins when an id repeats, as VOLTA)."""
+    caption_of = {}
+    for line_no, row in read_jsonl(path):
+        if "wit_ix" in row:
+            caption_of[str(row["wit_ix"])] = (_row_captions(row, path, line_no)[0], line_no)
+    images = list(dict.fromkeys(wit_image_ids(region_view)))
+    missing = [i for i in images if i not in caption_of]
+    if missing:
+        raise AnnotationError(f"{len(missing)} image(s) of {region_view.store.path} have no caption (wit_ix) in "
+                              f"{path}, e.g. {', '.join(map(repr, missing[:5]))}")
+    captions = [{"text": caption_of[key][0], "image": index, "line": caption_of[key][1]}
+                for index, key in enumerate(images)]
+    return images, captions
+
+
 def _annotation_file(task_entry: dict, split: str, annotation_path: str | None) -> str:
     if annotation_path:
         return annotation_path
@@ -117,8 +135,8 @@ class RetrievalDataset(TaskDataset):
         if len(self.images) >= 2:
             other = rng.randrange(len(self.images) - 1)
             return self.images[other + (other >= image)]
-        keys = [k for k in getattr(getattr(self.region_view, "store", {}), "keys", lambda: [])()
-                if k != self.images[image]]
+        # a single-image dataset: VOLTA takes a random image of the whole store
+        keys = [k for k in self.region_view.keys() if k != self.images[image]]
         return rng.choice(keys) if keys else self.images[image]
 
     def _hard_caption(self, rng, image: int):
@@ -143,11 +161,8 @@ class RetrievalDataset(TaskDataset):
         hard_text = self._hard_caption(rng, image) if self.hard_negatives else self._other_caption(rng, image)
         options = [(self.images[image], index), (self.images[image], negative_text),
                    (negative_image, index), (self.images[image], hard_text)]
-        parts = []
-        for image_key, text_index in options:
-            part = region_arrays(self.region_view, image_key)
-            part.update(self._text(text_index))
-            parts.append(part)
+        regions = {key: region_arrays(self.region_view, key) for key in dict.fromkeys(k for k, _ in options)}
+        parts = [dict(regions[image_key], **self._text(text_index)) for image_key, text_index in options]
         item = {key: np.stack([p[key] for p in parts]) for key in parts[0]}
         item["target"] = np.array(0, dtype=np.int64)
         item["question_id"] = index
@@ -172,7 +187,10 @@ def _load_hard_negatives(task_entry: dict, split: str, dataset: RetrievalDataset
 def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annotation_path=None,
                   token_cache=None, seed: int = 0, **_unused) -> RetrievalDataset:
     path = _annotation_file(task_entry, split, annotation_path)
-    images, captions = read_captions(path, region_view)
+    if is_serialized(task_entry, region_view):
+        images, captions = read_wit_serialized(path, region_view)
+    else:
+        images, captions = read_captions(path, region_view)
     max_len = task_entry.get("max_seq_length", 80)
     text = TextSource.encode(tokenizer, [c["text"] for c in captions], max_len, path, token_cache)
     mask = TextSource.encode(tokenizer, [tokenizer.mask_token or "[MASK]"], max_len, None, None).arrays(0)
