@@ -168,6 +168,8 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
             loader.sampler.set_epoch(epoch)
             loader.sampler.skip_next_epoch(first_micro * batch)
             loader.generator.manual_seed(args.seed * 100003 + epoch)
+            if hasattr(job.train_dataset, "set_epoch"):  # per-epoch random draws seeded by (seed, epoch, index)
+                job.train_dataset.set_epoch(epoch)
             model.train()
             step_loss = torch.zeros((), dtype=torch.float64, device=info.device)
             bar = tqdm(total=micro_per_epoch, initial=first_micro, desc=f"{job.task_name} epoch {epoch}",
