@@ -70,7 +70,7 @@ def warm_up(model, captions, gallery) -> None:
 
 
 def _rank_worker(rank, world, port, family, size, n_captions, n_images, device, precision, threads, pair_batch,
-                 result_file):
+                 reuse_prefix, result_file):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(threads)
@@ -82,7 +82,8 @@ def _rank_worker(rank, world, port, family, size, n_captions, n_images, device, 
     torch.distributed.barrier()
     started = time.perf_counter()
     compute_score_matrix(model, captions, gallery, task_id="TASK8", info=info, precision=precision,
-                         pair_batch=pair_batch, captions_per_chunk=max(1, n_captions // (4 * world)), progress=False)
+                         pair_batch=pair_batch, captions_per_chunk=max(1, n_captions // (4 * world)),
+                         reuse_prefix=reuse_prefix, progress=False)
     if info.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
@@ -91,12 +92,13 @@ def _rank_worker(rank, world, port, family, size, n_captions, n_images, device, 
     shutdown(info)
 
 
-def time_ours(family, size, n_captions, n_images, device, precision, ranks, threads, pair_batch) -> float:
+def time_ours(family, size, n_captions, n_images, device, precision, ranks, threads, pair_batch,
+              reuse_prefix=True) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "seconds")
         port = 29500 + (os.getpid() % 1000)
         mp.spawn(_rank_worker, nprocs=ranks, args=(ranks, port, family, size, n_captions, n_images, device,
-                                                    precision, threads, pair_batch, result))
+                                                    precision, threads, pair_batch, reuse_prefix, result))
         return float(Path(result).read_text())
 
 
@@ -124,6 +126,8 @@ def main() -> None:
     parser.add_argument("--captions", type=int, default=0, help="default: 32 tiny, 2 base")
     parser.add_argument("--images", type=int, default=0, help="default: 64 tiny, 16 base")
     parser.add_argument("--pair_batch", type=int, default=256)
+    parser.add_argument("--ablate_prefix", action="store_true",
+                        help="also time 1 rank without the dual-stream prefix reuse")
     args = parser.parse_args()
 
     header = f"{'family':<18} {'size':<5} {'device':<6} {'scheme':<22} {'ranks':>5} {'pairs':>7} {'sec':>8} " \
@@ -139,9 +143,17 @@ def main() -> None:
             rows = [("VOLTA (1 cap/fwd, fp32)", 1, volta)]
             for precision in args.precision.split(","):
                 for ranks in (int(r) for r in args.ranks.split(",")):
+                    if args.device.startswith("cuda") and ranks > torch.cuda.device_count():
+                        print(f"(skipping {ranks} ranks: only {torch.cuda.device_count()} GPU(s), one rank per GPU)")
+                        continue
                     rows.append((f"volta-ml ({precision})", ranks,
                                  time_ours(family, size, n_cap, n_img, args.device, precision, ranks, args.threads,
                                            args.pair_batch)))
+            if args.ablate_prefix and make_config(family, size).image_embeddings in ("vilbert", "lxmert"):
+                precision = args.precision.split(",")[0]
+                rows.append(("  same, no prefix reuse", 1,
+                             time_ours(family, size, n_cap, n_img, args.device, precision, 1, args.threads,
+                                       args.pair_batch, reuse_prefix=False)))
             for scheme, ranks, seconds in rows:
                 print(f"{family:<18} {size:<5} {args.device:<6} {scheme:<22} {ranks:>5} {pairs:>7} {seconds:>8.2f} "
                       f"{pairs / seconds:>9.1f} {volta / seconds:>7.2f}x", flush=True)

@@ -62,9 +62,14 @@ def result_dir(out, checkpoint):
     return out / str(checkpoint).split("/")[1]      # VOLTA's quirk: `tmp` for /tmp/...
 
 
-def test_outputs_final_lines_and_top20(setup):
+@pytest.fixture(scope="module")
+def single(setup):
     out = setup["tmp"] / "out1"
-    proc = run(setup, out)
+    return out, run(setup, out)
+
+
+def test_outputs_final_lines_and_top20(setup, single):
+    out, proc = single
     ir, tr = read_final_lines(proc.stdout)
     lines = proc.stdout.splitlines()
     stars = ["*" * 50] * 3
@@ -87,10 +92,9 @@ def test_outputs_final_lines_and_top20(setup):
     assert not (folder / "test_de_chunks").exists()   # chunks are dropped once the matrix is saved
 
 
-def test_two_ranks_give_the_identical_matrix(setup):
-    one = setup["tmp"] / "out_1rank"
+def test_two_ranks_give_the_identical_matrix(setup, single):
+    one, proc1 = single
     two = setup["tmp"] / "out_2ranks"
-    proc1 = run(setup, one, "--no_running_lines")
     proc2 = run(setup, two, "--no_running_lines",
                 launcher=("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())))
     a, b = result_dir(one, setup["checkpoint"]), result_dir(two, setup["checkpoint"])
@@ -98,6 +102,23 @@ def test_two_ranks_give_the_identical_matrix(setup):
     assert (a / "test_de_result.json").read_text() == (b / "test_de_result.json").read_text()
     assert read_final_lines(proc1.stdout) == read_final_lines(proc2.stdout)
     assert json.loads((b / "test_de_retrieval.json").read_text())["world_size"] == 2
+
+
+def test_preempted_run_resumes_from_saved_chunks(setup, single):
+    out = setup["tmp"] / "out_resume"
+    run(setup, out, "--no_running_lines", "--keep_chunks")
+    folder = result_dir(out, setup["checkpoint"])
+    chunks = sorted((folder / "test_de_chunks").glob("chunk_*.npz"))
+    assert len(chunks) == 4                          # 10 captions, 3 per chunk
+    for lost in chunks[2:] + [folder / "test_de_scores.npy", folder / "test_de_result.json"]:
+        lost.unlink()                                # as if the job was killed after two chunks
+    proc = run(setup, out, "--no_running_lines")
+    assert "resuming: 2 of 4 chunks already in" in proc.stderr
+    assert "40.0/40.0" in proc.stderr                 # only the 2 missing chunks (4 captions)' pairs were scored
+    np.testing.assert_array_equal(np.load(folder / "test_de_scores.npy"),
+                                  np.load(result_dir(single[0], setup["checkpoint"]) / "test_de_scores.npy"))
+    assert read_final_lines(proc.stdout) == read_final_lines(single[1].stdout)
+    assert not (folder / "test_de_chunks").exists()
 
 
 def test_wit_zero_shot_several_captions_per_image(setup):

@@ -123,6 +123,11 @@ def _atomic_write(path: str, write) -> None:
             os.unlink(tmp)
 
 
+def save_array(path: str, array: np.ndarray) -> None:
+    """`np.save`, atomically: a crash leaves the old file or none, never a truncated one."""
+    _atomic_write(path, lambda handle: np.save(handle, array))
+
+
 def _pair_batches(n_captions: int, n_images: int, pair_batch: int):
     """(caption rows, image rows) of consecutive pairs in caption-major order."""
     total = n_captions * n_images
@@ -201,6 +206,10 @@ def compute_score_matrix(model, captions: dict, gallery: dict, *, task_id: str |
     owned = plan.owned(info)
     results = {c: store.load(c) for c in owned} if store else {}
     todo = [c for c in owned if results.get(c) is None]
+    if store and len(todo) < len(owned):
+        label = f"rank {info.rank}: " if info.world_size > 1 else ""
+        print(f"{label}resuming: {len(owned) - len(todo)} of {len(owned)} chunks already in {work_dir}",
+              file=sys.stderr)
 
     if todo:
         scorer = PairScorer(model, task_id, zero_shot, precision, reuse_prefix)

@@ -65,6 +65,7 @@ def add_eval_retrieval_flags(parser: argparse.ArgumentParser) -> None:
     extra.add_argument("--work_dir", type=str, default=None,
                        help="where finished chunks are kept for resuming (default <result dir>/<split>_chunks)")
     extra.add_argument("--no_resume", action="store_true", help="discard saved chunks and start over")
+    extra.add_argument("--keep_chunks", action="store_true", help="keep the chunk folder after success")
     extra.add_argument("--shortlist", type=int, default=0,
                        help="NON-STANDARD fast mode: re-rank only the K best images per caption by a cheap "
                             "score (the cross-encoder on --shortlist_regions regions); not comparable to IGLUE")
@@ -108,6 +109,9 @@ def load_scoring_model(args, model_config, task_config: dict, task_id: str, devi
         return load_model(args, model_config, task_config, task_id, device).eval()
     if not os.path.isfile(args.from_pretrained):
         raise FileNotFoundError(f"--from_pretrained {args.from_pretrained}: checkpoint not found")
+    if model_config.image_embeddings == "m3p":
+        from volta_ml.engine.retrieval_scorer import ScorerSetupError
+        raise ScorerSetupError("--zero_shot needs a pretraining matching head, which VOLTA's M3P port does not have")
     model = build_model(model_config, kind="pretraining")
     report = load_checkpoint(model, args.from_pretrained)
     missing = [k for k in (getattr(report, "missing_keys", None) or getattr(report, "missing", None) or [])
@@ -172,7 +176,7 @@ def run_eval_retrieval(args) -> dict | None:
     from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
     from volta_ml.engine.distributed import barrier, init_distributed, shutdown
     from volta_ml.engine.eval_cli import write_json
-    from volta_ml.engine.retrieval import compute_score_matrix
+    from volta_ml.engine.retrieval import compute_score_matrix, save_array
     from volta_ml.models import load_config
     from volta_ml.tasks.common import TextSource
     from volta_ml.tasks.config import PathResolver, entry_path, get_task_entry, load_task_config
@@ -187,6 +191,8 @@ def run_eval_retrieval(args) -> dict | None:
         task_id, entry = get_task_entry(task_config, args.task)
         entry = PathResolver(args.data_root, args.path_map).resolve_entry(entry)
         model_config = load_config(args.config_file, is_m3p=args.is_m3p or None)
+        if entry.get("fusion_method"):
+            model_config.fusion_method = entry["fusion_method"]
         tokenizer = load_tokenizer(*resolve_tokenizer_args(args, model_config))
         split = args.split or entry.get("val_split") or "test"
         annotation = entry_path(entry, "val_annotations_jsonpath", args.val_annotations_jsonpath)
@@ -213,8 +219,9 @@ def run_eval_retrieval(args) -> dict | None:
             if args.no_resume and os.path.isdir(work_dir):
                 shutil.rmtree(work_dir)
         barrier(info)
-        print(f"{len(captions)} captions x {len(images)} images = {len(captions) * len(images)} pairs, "
-              f"{info.world_size} rank(s), {info.device}, {precision}", file=sys.stderr)
+        if info.is_main:
+            print(f"{len(captions)} captions x {len(images)} images = {len(captions) * len(images)} pairs, "
+                  f"{info.world_size} rank(s), {info.device}, {precision}", file=sys.stderr)
         started = time.time()
         scores = compute_score_matrix(
             model, caption_tensors(text), gallery, task_id=task_id, zero_shot=args.zero_shot, info=info,
@@ -226,17 +233,17 @@ def run_eval_retrieval(args) -> dict | None:
         elapsed = time.time() - started
         if not info.is_main:
             return None
-        pairs = len(captions) * len(images)
-        print(f"score matrix ready in {elapsed:.1f}s ({pairs / max(elapsed, 1e-9):.1f} pairs/s)", file=sys.stderr)
+        print(f"score matrix ready in {elapsed:.1f}s", file=sys.stderr)
         report = print_report(scores, caption_image, args)
-        np.save(os.path.join(out_dir, f"{split}_scores.npy"), scores.astype(args.score_dtype))
+        save_array(os.path.join(out_dir, f"{split}_scores.npy"), scores.astype(args.score_dtype))
         write_json(os.path.join(out_dir, f"{split}_result.json"), top_images(scores))
         write_json(os.path.join(out_dir, f"{split}_others.json"), [])
         report.update(split=split, n_captions=len(captions), n_images=len(images), world_size=info.world_size,
                       precision=precision, seconds=elapsed, zero_shot=bool(args.zero_shot),
                       standard=not args.shortlist, shortlist=args.shortlist or None)
         write_json(os.path.join(out_dir, f"{split}_retrieval.json"), report)
-        shutil.rmtree(work_dir, ignore_errors=True)   # everything it held is in <split>_scores.npy now
+        if not args.keep_chunks:
+            shutil.rmtree(work_dir, ignore_errors=True)   # everything it held is in <split>_scores.npy now
         return report
     finally:
         shutdown(info)
