@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "volta_ml.engine.retrieval_cli",
     "volta_ml.engine.gqa_score_cli",
     "volta_ml.tasks.cvqa_cli",
+    "volta_ml.protocols.cli",
 ]
 
 

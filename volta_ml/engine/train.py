@@ -168,6 +168,8 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
             loader.sampler.set_epoch(epoch)
             loader.sampler.skip_next_epoch(first_micro * batch)
             loader.generator.manual_seed(args.seed * 100003 + epoch)
+            if hasattr(job.train_dataset, "set_epoch"):  # per-epoch random draws seeded by (seed, epoch, index)
+                job.train_dataset.set_epoch(epoch)
             model.train()
             step_loss = torch.zeros((), dtype=torch.float64, device=info.device)
             bar = tqdm(total=micro_per_epoch, initial=first_micro, desc=f"{job.task_name} epoch {epoch}",
@@ -238,9 +240,13 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
             bar.close()
             if info.device.type == "cuda":
                 torch.cuda.synchronize()
-            timing["seconds"] += time.perf_counter() - started
+            epoch_seconds = max(time.perf_counter() - started, 1e-9)
+            epoch_samples = (micro_per_epoch - first_micro) * batch * info.world_size
+            timing["seconds"] += epoch_seconds
             timing["micro"] += micro_per_epoch - first_micro
             timing["steps"] += global_step - steps_before
+            log.line(f"Epoch {epoch} throughput: {(global_step - steps_before) / epoch_seconds:.3f} steps/s, "
+                     f"{epoch_samples / epoch_seconds:.2f} samples/s")
 
             if info.device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -102,7 +102,9 @@ def train_loader(dataset: Dataset, batch_size: int, info: DistInfo, args, collat
                       worker_init_fn=_ignore_preemption_in_worker if workers else None,
                       # a private generator: creating an epoch's iterator must not draw from the
                       # global torch RNG, or a resumed run would see different dropout masks
-                      generator=torch.Generator(), persistent_workers=workers > 0)
+                      generator=torch.Generator(),
+                      # a dataset with set_epoch (retrieval negatives) must be re-sent to the workers each epoch
+                      persistent_workers=workers > 0 and not hasattr(dataset, "set_epoch"))
 
 
 def val_loader(dataset: Dataset, batch_size: int, info: DistInfo, args, collate_fn,

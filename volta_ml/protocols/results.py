@@ -1,0 +1,156 @@
+"""Reading scores: from VOLTA/IGLUE log lines (the rules of IGLUE's `results/get_*.py`, results spec
+"How each score is read") and from the sweep's own `result.json` files.
+
+A result record is a dict with protocol, model, task, lang, shot, seed and metrics
+(`score`, or `ir_r1`/`tr_r1`/... for retrieval).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from .cell import CELL_FILE, RESULT_FILE, read_result
+from .iglue import TASKS
+
+VALIDATION = re.compile(r"Validation \[[^\]]*\]: loss (\S+) score (\S+)")
+CONSISTENCY = re.compile(r"Consistency: (\S+)")
+FINAL = re.compile(r"Final r1:\s*([-\d.eE+]+), r5:\s*([-\d.eE+]+), r10:\s*([-\d.eE+]+), "
+                   r"mder:\s*([-\d.eE+]+), meanr:\s*([-\d.eE+]+)")
+BEST = "Best Validation score:"
+
+
+class LogError(ValueError):
+    """A log file lacks the line its score is read from; the message names the file."""
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        raise LogError(f"{path}: log file not found")
+
+
+def eval_task_metrics(err_log: Path, first: bool = False) -> dict:
+    """eval_task's score: the last `Validation [...]` line of the .err log (XVNLI few-shot CSVs take the
+    first; each of those logs has exactly one). The following `Consistency:` line is kept too."""
+    hits = [(i, m) for i, line in enumerate(_lines(err_log)) if "Validation" in line
+            for m in [VALIDATION.search(line)] if m]
+    if not hits:
+        raise LogError(f"{err_log}: no 'Validation [<Name>]: loss L score S' line")
+    _, match = hits[0] if first else hits[-1]
+    metrics = {"loss": float(match.group(1)), "score": float(match.group(2))}
+    consistency = [m for line in _lines(err_log) for m in [CONSISTENCY.search(line)] if m]
+    if consistency:
+        metrics["consistency"] = float(consistency[-1].group(1))
+    return metrics
+
+
+def gqa_metrics(out_log: Path) -> dict:
+    """xGQA: the last line of .out is GQA_score's bare float (accuracy x 100)."""
+    lines = [l.strip() for l in _lines(out_log) if l.strip()]
+    try:
+        return {"score": float(lines[-1])}
+    except (IndexError, ValueError):
+        raise LogError(f"{out_log}: the last line is not GQA_score's accuracy float")
+
+
+def retrieval_metrics(out_log: Path) -> dict:
+    """eval_retrieval: the last two stdout lines starting with `Final` are image retrieval (text->image)
+    then text retrieval (image->text)."""
+    finals = [l.strip() for l in _lines(out_log) if l.startswith("Final")]
+    if len(finals) < 2:
+        raise LogError(f"{out_log}: expected two 'Final r1:...' lines (image then text retrieval), "
+                       f"found {len(finals)}")
+    metrics = {}
+    for prefix, line in (("ir", finals[-2]), ("tr", finals[-1])):
+        match = FINAL.search(line)
+        if not match:
+            raise LogError(f"{out_log}: cannot read recalls from {line!r}")
+        for name, value in zip(("r1", "r5", "r10", "medr", "meanr"), match.groups()):
+            metrics[f"{prefix}_{name}"] = float(value)
+    return metrics
+
+
+def best_validation(train_log: Path) -> float:
+    """The few-shot selection rule: field 4 of the LAST line of the training log (`tail -n1 | cut -d' ' -f4`),
+    which must be `Best Validation score: X `."""
+    lines = _lines(train_log)
+    last = lines[-1] if lines else ""
+    if not last.startswith(BEST):
+        raise LogError(f"{train_log}: the last line is not 'Best Validation score: X' (training did not finish?)")
+    return float(last.split(" ")[3])
+
+
+def scorer_metrics(scorer: str, out_log: Path, err_log: Path, first_validation: bool = False) -> dict:
+    if scorer == "eval_task":
+        return eval_task_metrics(err_log, first=first_validation)
+    if scorer == "gqa":
+        return gqa_metrics(out_log)
+    if scorer == "retrieval":
+        return retrieval_metrics(out_log)
+    raise ValueError(f"unknown scorer {scorer!r}")
+
+
+# --- collecting records ----------------------------------------------------------------
+TASK_DIRS = {key: key for key in TASKS}          # IGLUE's experiments/<model>/<task>/ folder names
+ZERO_SHOT_LOG = re.compile(r"^test\.([A-Za-z-]+?)(_mt)?\.(err|out)$")
+
+
+def sweep_records(root: Path) -> list[dict]:
+    """Every finished cell's result under `root` (test cells only: training cells feed no table)."""
+    records = []
+    for path in sorted(Path(root).rglob(RESULT_FILE)):
+        result = read_result(path.parent)
+        if result and result.get("protocol") in ("zero_shot", "translate_test", "few_shot", "translate_train"):
+            records.append(result)
+    return records
+
+
+def iglue_log_records(root: Path) -> list[dict]:
+    """Scores from an IGLUE `experiments/` tree (or one of its zero_shot / few_shot folders):
+    `<model>/<task>/test.<lang>[_mt].{err,out}` (zero-shot, translate-test) and
+    `<model>/<task>/<lang>/<shot>/test.{err,out}` (few-shot). Logs without a score are skipped, like
+    IGLUE's scrapers do (they record -1.0, which the tables do for missing cells)."""
+    root = Path(root)
+    records: list[dict] = []
+    seen = set()
+    for log in sorted(root.rglob("test*.err")) + sorted(root.rglob("test*.out")):
+        if (log.parent / CELL_FILE).exists() or (log.parent / RESULT_FILE).exists():
+            continue                                      # a sweep cell: read through its result.json
+        key = _iglue_key(log)
+        if key is None or key in seen:
+            continue
+        model, task, lang, shot, protocol = key
+        scorer = TASKS[task].scorer
+        base = log.parent / log.name[: -len(log.suffix)]          # test.de_mt (not Path.with_suffix: ".de_mt")
+        try:
+            metrics = scorer_metrics(scorer, Path(f"{base}.out"), Path(f"{base}.err"),
+                                     first_validation=(protocol == "few_shot" and task == "xvnli"))
+        except LogError:
+            continue
+        seen.add(key)
+        records.append({"protocol": protocol, "model": model, "task": task, "lang": lang, "shot": shot,
+                        "seed": None, "metrics": metrics, "source": str(base)})
+    return records
+
+
+def _iglue_key(log: Path):
+    parts = log.parts
+    match = ZERO_SHOT_LOG.match(log.name)
+    if match and len(parts) >= 3 and parts[-2] in TASK_DIRS:
+        lang, mt = match.group(1), match.group(2)
+        protocol = "translate_test" if mt else "zero_shot"
+        return parts[-3], parts[-2], lang, None, protocol
+    if log.name in ("test.err", "test.out") and len(parts) >= 5 and parts[-4] in TASK_DIRS:
+        return parts[-5], parts[-4], parts[-3], parts[-2], "few_shot"
+    return None
+
+
+def collect(root: Path) -> list[dict]:
+    """Sweep results and old IGLUE/VOLTA logs under `root`, together."""
+    return sweep_records(root) + iglue_log_records(root)
+
+
+def write_records(records: list[dict], path: Path) -> None:
+    Path(path).write_text(json.dumps(records, indent=1), encoding="utf-8")
