@@ -10,9 +10,10 @@ initialised base model saved as the "pretrained" checkpoint), then runs the real
 loading, forward/backward, optimizer steps) and reads the `Epoch <e> throughput` line of the last
 epoch (the first pays for warm-up; validation and checkpoint writes are excluded). Rows:
   1 process          the command as a user runs it (CPU: all cores; CUDA: one GPU, default --amp bf16)
-  2 processes (DDP)  torchrun with the same global batch. CPU: gloo, cores split between the two ranks,
-                     so efficiency = throughput(2) / throughput(1) measures the DDP overhead at equal
-                     hardware. CUDA: NCCL over 2 GPUs (skipped with fewer), efficiency = T(2) / (2 T(1)).
+  2 processes (DDP)  torchrun with the same global batch; efficiency = T(2) / (2 T(1)) against one
+                     process on one rank's share of the hardware. CPU: gloo, the cores split between
+                     the two ranks (an extra baseline row). CUDA: NCCL over 2 GPUs (skipped with fewer).
+On a shared machine the CPU figures vary with the other load; compare rows of one invocation only.
 """
 from __future__ import annotations
 
@@ -122,17 +123,22 @@ def main() -> None:
         cores = os.cpu_count() or 1
         base_env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
         rows = []
-        steps1, samples1, _ = run([sys.executable, str(REPO / "train_task.py"), *train_command(work, site, args, "one")],
+        single = [sys.executable, str(REPO / "train_task.py")]
+        steps1, samples1, _ = run(single + train_command(work, site, args, "one"),
                                   dict(base_env, OMP_NUM_THREADS=str(cores)))
         rows.append(("1 process", f"{cores} threads" if args.device == "cpu" else "1 GPU", steps1, samples1, ""))
         gpus = torch.cuda.device_count() if args.device == "cuda" else 0
         if not args.no_ddp and (args.device == "cpu" or gpus >= 2):
+            per_rank = max(1, cores // 2)
+            if args.device == "cpu":  # the per-rank baseline: one process on one rank's share of the cores
+                steps1, samples1, _ = run(single + train_command(work, site, args, "one_share"),
+                                          dict(base_env, OMP_NUM_THREADS=str(per_rank)))
+                rows.append(("1 process", f"{per_rank} threads", steps1, samples1, ""))
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                    str(REPO / "train_task.py"), *train_command(work, site, args, "two")]
-            steps2, samples2, _ = run(cmd, dict(base_env, OMP_NUM_THREADS=str(max(1, cores // 2))))
-            efficiency = samples2 / samples1 if args.device == "cpu" else samples2 / (2 * samples1)
-            rows.append(("2 processes (DDP)", f"2 x {max(1, cores // 2)} threads" if args.device == "cpu" else "2 GPUs",
-                         steps2, samples2, f"{100 * efficiency:.0f}%"))
+            steps2, samples2, _ = run(cmd, dict(base_env, OMP_NUM_THREADS=str(per_rank)))
+            rows.append(("2 processes (DDP)", f"2 x {per_rank} threads" if args.device == "cpu" else "2 GPUs",
+                         steps2, samples2, f"{100 * samples2 / (2 * samples1):.0f}%"))
         elif not args.no_ddp:
             rows.append(("2 processes (DDP)", "skipped: needs 2 GPUs", float("nan"), float("nan"), ""))
     finally:
