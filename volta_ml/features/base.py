@@ -8,7 +8,6 @@ first time it is used in a process.
 """
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Mapping
 from typing import Iterator
@@ -83,6 +82,10 @@ class FeatureStore(Mapping):
                                   f"{self.expected_dim} expected", str(image_id))
         return record
 
+    def get(self, image_id, default=None):
+        # Mapping.get would build the near-match message of a KeyError just to discard it.
+        return self[image_id] if image_id in self else default
+
     def _near_match_pool(self):
         try:
             return self.keys_list()
@@ -121,14 +124,12 @@ def open_lmdb_readonly(path: str) -> lmdb.Environment:
 _SHARED_ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
 
 
-@functools.lru_cache(maxsize=1024)
-def _real(path: str) -> str:
-    return os.path.realpath(path)
-
-
 def shared_readonly_env(path: str) -> lmdb.Environment:
-    key = _real(path)
     pid = os.getpid()
+    entry = _SHARED_ENVS.get(path)  # fast path: callers on the hot path pass the real path
+    if entry is not None and entry[0] == pid:
+        return entry[1]
+    key = os.path.realpath(path)
     entry = _SHARED_ENVS.get(key)
     if entry is not None:
         if entry[0] == pid:
@@ -144,7 +145,7 @@ def shared_readonly_env(path: str) -> lmdb.Environment:
 
 def release_shared_env(path: str) -> None:
     """Close this process's shared reader of `path` (before writing to it, or on close())."""
-    entry = _SHARED_ENVS.pop(_real(path), None)
+    entry = _SHARED_ENVS.pop(os.path.realpath(path), None)
     if entry is not None and entry[0] == os.getpid():
         entry[1].close()
 
@@ -155,7 +156,11 @@ class LmdbStoreMixin:
     @property
     def handle(self):
         # Looked up on every use (a dict hit): a writer in this process may have closed it.
-        return shared_readonly_env(self.path)
+        # Keyed by the real path fixed at first use, so a later chdir cannot change it.
+        real = self.__dict__.get("_real_path")
+        if real is None:
+            real = self._real_path = os.path.realpath(self.path)
+        return shared_readonly_env(real)
 
     def close(self) -> None:
         release_shared_env(self.path)

@@ -59,6 +59,18 @@ def _verify(args) -> int:
     return 0 if report["ok"] else 1
 
 
+def _guard(action):
+    """Known failures print one clear line (the message names the store and key), no traceback."""
+    def run(args) -> int:
+        from .records import FeatureStoreError
+        try:
+            return action(args)
+        except (FeatureStoreError, FileNotFoundError, FileExistsError, KeyError) as err:
+            print(f"volta-ml features {args.features_command}: error: {err}", file=sys.stderr)
+            return 1
+    return run
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("features", help="convert, inspect and verify region-feature stores")
     sub = parser.add_subparsers(dest="features_command", metavar="ACTION")
@@ -74,17 +86,17 @@ def register(subparsers) -> None:
     conv.add_argument("--feature-dim", type=int, default=None, help="refuse other feature widths")
     conv.add_argument("--extractor", default=None, help="native: extractor preset for the metadata")
     conv.add_argument("--overwrite", action="store_true", help="replace an existing destination")
-    conv.set_defaults(func=_convert)
+    conv.set_defaults(func=_guard(_convert))
 
     insp = sub.add_parser("inspect", help="format, count, dims and a sample record")
     insp.add_argument("store")
     insp.add_argument("--json", action="store_true")
-    insp.set_defaults(func=_inspect)
+    insp.set_defaults(func=_guard(_inspect))
 
     ver = sub.add_parser("verify", help="decode every record; counts; NaN/inf check")
     ver.add_argument("store")
     ver.add_argument("--feature-dim", type=int, default=None)
-    ver.set_defaults(func=_verify)
+    ver.set_defaults(func=_guard(_verify))
 
     # The extraction engineer's `extract` action lands separately; hook it in when present.
     if importlib.util.find_spec("volta_ml.features.extract_cli") is not None:

@@ -1,11 +1,15 @@
-"""Binary layout of one record in the native volta-ml store.
+"""Binary layout of one record in the native volta-ml store (no pickle anywhere).
 
-    b"VMF1" | uint32 LE header length | JSON header | zero padding to 16 | array blobs
+    fixed header (28 bytes, little-endian): b"VMF1", num_boxes, feature_dim, image_w, image_h,
+        feature dtype code (0 = float32, 1 = float16), 3 pad bytes, extra-header length E
+    E bytes of JSON describing extra fields (absent when E = 0)
+    zero padding to a 16-byte boundary, then the blobs, each 16-byte aligned:
+        features [N, D], boxes float32 [N, 4], then extra arrays at the offsets the JSON gives
 
-The JSON header holds the image size, the box count and, for every array, its
-little-endian dtype, shape and byte offset (blobs start 16-byte aligned, so
-`np.frombuffer` views them without copying).  Non-array extras (ints, floats,
-strings, lists of them) live in the header under "meta".  No pickle anywhere.
+The fixed header makes the common read (features + boxes) two `np.frombuffer`
+views with no parsing; extras (object classes, scores, captions) cost a JSON
+parse only when present.  Non-array extras (ints, floats, strings, lists) live
+in the JSON under "meta".
 """
 from __future__ import annotations
 
@@ -15,8 +19,14 @@ import struct
 import numpy as np
 
 MAGIC = b"VMF1"
-_PREFIX = struct.Struct("<4sI")
+_FIXED = struct.Struct("<4sIIIIB3xI")
 _ALIGN = 16
+_FEATURE_DTYPES = (np.dtype("<f4"), np.dtype("<f2"))
+_BOX_DTYPE = np.dtype("<f4")
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
 
 
 def _json_safe(name: str, value):
@@ -26,6 +36,8 @@ def _json_safe(name: str, value):
         return value.decode("utf-8")
     if isinstance(value, (list, tuple)):
         return [_json_safe(name, v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json_safe(name, v) for k, v in value.items()}
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     raise TypeError(f"extra field {name!r}: cannot store a {type(value).__name__}")
@@ -33,48 +45,61 @@ def _json_safe(name: str, value):
 
 def encode_record(features: np.ndarray, boxes: np.ndarray, image_w: int, image_h: int,
                   extra: dict, feature_dtype: str = "<f4") -> bytes:
-    arrays = [("features", np.ascontiguousarray(features, dtype=feature_dtype)),
-              ("boxes", np.ascontiguousarray(boxes, dtype="<f4"))]
-    meta = {}
+    feat_dtype = np.dtype(feature_dtype)
+    code = _FEATURE_DTYPES.index(feat_dtype)
+    n, d = features.shape
+    blobs = [np.ascontiguousarray(features, dtype=feat_dtype).tobytes(),
+             np.ascontiguousarray(boxes, dtype=_BOX_DTYPE).tobytes()]
+    offset = _aligned(len(blobs[0])) + _aligned(len(blobs[1]))
+    arrays, meta = [], {}
     for name, value in extra.items():
         if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-            arrays.append((name, np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))))
-        elif isinstance(value, np.ndarray) and value.dtype.kind in "USO":
+            arr = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
+            arrays.append([name, arr.dtype.str, list(arr.shape), offset])
+            blobs.append(arr.tobytes())
+            offset += _aligned(arr.nbytes)
+        elif isinstance(value, np.ndarray):
             meta[name] = _json_safe(name, value.tolist())
         else:
             meta[name] = _json_safe(name, value)
-    layout, offset = [], 0
-    for name, arr in arrays:
-        layout.append([name, arr.dtype.str, list(arr.shape), offset])
-        offset += -(-arr.nbytes // _ALIGN) * _ALIGN
-    header = json.dumps({"n": int(features.shape[0]), "w": int(image_w), "h": int(image_h),
-                         "arrays": layout, "meta": meta}, separators=(",", ":")).encode()
-    start = -(-(_PREFIX.size + len(header)) // _ALIGN) * _ALIGN
+    extra_header = (json.dumps({"arrays": arrays, "meta": meta}, separators=(",", ":")).encode()
+                    if arrays or meta else b"")
+    start = _aligned(_FIXED.size + len(extra_header))
     out = bytearray(start + offset)
-    _PREFIX.pack_into(out, 0, MAGIC, len(header))
-    out[_PREFIX.size:_PREFIX.size + len(header)] = header
-    for (name, arr), (_, _, _, off) in zip(arrays, layout):
-        out[start + off:start + off + arr.nbytes] = arr.tobytes()
+    _FIXED.pack_into(out, 0, MAGIC, n, d, int(image_w), int(image_h), code, len(extra_header))
+    out[_FIXED.size:_FIXED.size + len(extra_header)] = extra_header
+    pos = start
+    for blob in blobs:
+        out[pos:pos + len(blob)] = blob
+        pos += _aligned(len(blob))
     return bytes(out)
 
 
 def decode_record(value: bytes):
-    """-> (header dict, {name: ndarray}); raises ValueError on any inconsistency."""
-    if len(value) < _PREFIX.size:
-        raise ValueError(f"record is {len(value)} bytes, shorter than its prefix")
-    magic, header_len = _PREFIX.unpack_from(value, 0)
+    """-> (n, image_w, image_h, features, boxes, extra); ValueError on any inconsistency."""
+    if len(value) < _FIXED.size:
+        raise ValueError(f"record is {len(value)} bytes, shorter than its header")
+    magic, n, d, w, h, code, extra_len = _FIXED.unpack_from(value, 0)
     if magic != MAGIC:
         raise ValueError(f"bad record magic {magic!r}")
-    end = _PREFIX.size + header_len
-    if end > len(value):
-        raise ValueError("record truncated inside its header")
-    header = json.loads(bytes(value[_PREFIX.size:end]))
-    start = -(-end // _ALIGN) * _ALIGN
-    arrays = {}
-    for name, dtype, shape, off in header["arrays"]:
-        dt = np.dtype(dtype)
-        count = int(np.prod(shape)) if shape else 1
-        if start + off + count * dt.itemsize > len(value):
-            raise ValueError(f"record truncated inside array {name!r}")
-        arrays[name] = np.frombuffer(value, dtype=dt, count=count, offset=start + off).reshape(shape)
-    return header, arrays
+    if code >= len(_FEATURE_DTYPES):
+        raise ValueError(f"unknown feature dtype code {code}")
+    feat_dtype = _FEATURE_DTYPES[code]
+    start = _aligned(_FIXED.size + extra_len)
+    feat_bytes = n * d * feat_dtype.itemsize
+    box_start = start + _aligned(feat_bytes)
+    if box_start + n * 16 > len(value):
+        raise ValueError(f"record truncated: {len(value)} bytes for {n} boxes of {d} features")
+    features = np.frombuffer(value, feat_dtype, n * d, start).reshape(n, d)
+    boxes = np.frombuffer(value, _BOX_DTYPE, n * 4, box_start).reshape(n, 4)
+    extra = {}
+    if extra_len:
+        header = json.loads(bytes(value[_FIXED.size:_FIXED.size + extra_len]))
+        for name, dtype, shape, off in header["arrays"]:
+            dt = np.dtype(dtype)
+            count = int(np.prod(shape)) if shape else 1
+            if start + off + count * dt.itemsize > len(value):
+                raise ValueError(f"record truncated inside array {name!r}")
+            extra[name] = np.frombuffer(value, dt, count, start + off).reshape(shape)
+        extra.update(header["meta"])
+    return n, w, h, features, boxes, extra

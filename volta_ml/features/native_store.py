@@ -18,7 +18,8 @@ import numpy as np
 
 from .base import FeatureStore, LmdbStoreMixin, release_shared_env, shared_readonly_env
 from .native_codec import decode_record, encode_record
-from .records import FeatureDimError, FeatureStoreError, IncompleteStoreError, make_record
+from .records import (FeatureDimError, FeatureRecord, FeatureStoreError, IncompleteStoreError,
+                      make_record)
 
 META_KEY = b"__volta_ml_meta__"
 FORMAT_NAME = "volta-ml-features"
@@ -80,16 +81,13 @@ class NativeStore(LmdbStoreMixin, FeatureStore):
         if value is None:
             return None
         try:
-            header, arrays = decode_record(value)
-            features = arrays.pop("features")
-            boxes = arrays.pop("boxes")
-        except (ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as err:
+            n, w, h, features, boxes, extra = decode_record(value)
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as err:
             raise FeatureStoreError(self.path, f"corrupt record: {err}", image_id) from None
-        extra = dict(arrays)
-        extra.update(header.get("meta", {}))
         if features.dtype != np.float32:
             features = features.astype(np.float32)
-        return make_record(self.path, image_id, features, boxes, header["w"], header["h"], extra)
+        # Shapes and sizes were validated when the record was written: no second check here.
+        return FeatureRecord(features, boxes, w, h, n, extra)
 
     def describe(self) -> dict:
         info = super().describe()
@@ -165,7 +163,7 @@ class NativeWriter:
             return txn.get(META_KEY) is not None
 
     def _write_meta(self, complete: bool) -> None:
-        meta = json.dumps(self._meta(complete)).encode()
+        meta = json.dumps(self._meta(complete), default=str).encode()
         with self._env.begin(write=True) as txn:
             txn.put(META_KEY, meta)
 

@@ -52,7 +52,11 @@ class MissingImageError(KeyError):
     def __init__(self, image_id: str, store: str, known_ids: Iterable[str] | None = None):
         near: list[str] = []
         if known_ids is not None:
-            near = difflib.get_close_matches(str(image_id), list(known_ids), n=3, cutoff=0.6)
+            pool = list(known_ids)
+            if len(pool) > 5000:  # keep the error path fast on big stores: similar lengths only
+                size = len(str(image_id))
+                pool = [k for k in pool if abs(len(k) - size) <= 2]
+            near = difflib.get_close_matches(str(image_id), pool, n=3, cutoff=0.6)
         hint = f"; near matches: {', '.join(repr(n) for n in near)}" if near else ""
         self.message = f"image id {image_id!r} not in feature store {store}{hint}"
         super().__init__(self.message)

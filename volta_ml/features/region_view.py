@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
 from .records import FeatureDimError, FeatureRecord
 
@@ -29,9 +28,9 @@ _GLOBAL_MODES = (None, "first", "last")
 
 
 class RegionSample(NamedTuple):
-    features: torch.Tensor  # float32 [R, F]
-    image_loc: torch.Tensor  # float32 [R, num_locs]
-    image_mask: torch.Tensor  # int64 [R]
+    features: "torch.Tensor"  # float32 [R, F]
+    image_loc: "torch.Tensor"  # float32 [R, num_locs]
+    image_mask: "torch.Tensor"  # int64 [R]
     num_boxes: int  # rows holding data (incl. the global row), = image_mask.sum()
 
 
@@ -135,5 +134,6 @@ class RegionView:
         padded_feat[:rows] = features[:rows]
         padded_loc[:rows] = locations[:rows]
         mask[:rows] = 1
+        import torch  # lazy: `volta-ml features inspect` should not pay for importing torch
         return RegionSample(torch.from_numpy(padded_feat), torch.from_numpy(padded_loc),
                             torch.from_numpy(mask), rows)

@@ -140,23 +140,31 @@ class TdLmdbStore(LmdbStoreMixin, FeatureStore):
         return unpack_value(value, self.path, record_key.decode())
 
     def iter_records(self):
-        """Sequential pass as VOLTA's loaders do: yields (record key, decoded record)."""
+        """Sequential pass as VOLTA's loaders do: yields (record key, decoded record).
+
+        A complete pass also builds the image-id index, so keyed reads after it cost no second scan.
+        """
+        index = {} if self._index is None else None
         with self.handle.begin() as txn:
             for key in self.record_keys:
                 value = txn.get(key)
                 if value is None:
                     raise FeatureStoreError(self.path, "listed in b'__keys__' but missing", key.decode())
-                yield key.decode(), unpack_value(value, self.path, key.decode())
+                item = unpack_value(value, self.path, key.decode())
+                if index is not None:
+                    for pos, (image_id, _) in enumerate(split_images(self.path, key.decode(), item)):
+                        index.setdefault(image_id, (key, pos))
+                yield key.decode(), item
+        if index is not None and self._index is None:
+            self._index = index
 
     def _build_index(self):
-        index = {}
         records = self.iter_records()
         if self.num_records > 2000:
             records = tqdm(records, total=self.num_records, desc=f"indexing {os.path.basename(self.path)}")
-        for key, item in records:
-            for pos, (image_id, _) in enumerate(split_images(self.path, key, item)):
-                index.setdefault(image_id, (key.encode(), pos))
-        return index
+        for _ in records:
+            pass
+        return self._index
 
     def keys_list(self) -> list[str]:
         if self._index is None:
