@@ -15,6 +15,8 @@ import sys
 COMMAND_MODULES = [
     "volta_ml.models.cli",
     "volta_ml.features.cli",
+    "volta_ml.engine.eval_cli",
+    "volta_ml.engine.gqa_score_cli",
 ]
 
 

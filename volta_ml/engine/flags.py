@@ -1,0 +1,121 @@
+"""VOLTA/IGLUE command-line flags, shared by the entry points (`eval_task.py`, `train_task.py`, ...).
+
+Flags keep IGLUE-VOLTA's names, types and defaults (pipeline spec §a). Differences, all additive:
+- an unknown flag is rejected with the nearest valid one suggested;
+- a single trailing bare `deactivate` token (present in several committed IGLUE scripts) is dropped with a
+  warning instead of failing;
+- `--bert_model`/`--do_lower_case` may come from the command line (IGLUE-VOLTA) or from the model config JSON
+  keys `bert_model`/`do_lower_case` (VOLTA-HEAD); the command line wins;
+- volta-ml extras: `--data_root`, `--path_map`, `--device`, `--amp`, `--cache_dir`, `--no_cache`.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+import warnings
+
+VOLTA_DEFAULT_TOKENIZER = "bert-base-uncased"
+
+
+class VoltaArgumentParser(argparse.ArgumentParser):
+    """argparse with VOLTA-friendly errors. Also usable as a `volta-ml` subcommand parser: set
+    `sub.__class__ = VoltaArgumentParser` after `add_parser` (argparse offers no other hook)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        if args and args[-1] == "deactivate":
+            warnings.warn("ignoring the trailing bare 'deactivate' argument (a shell line-continuation slip in "
+                          "the IGLUE scripts)", stacklevel=2)
+            args = args[:-1]
+        parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(self._explain_unknown(unknown))
+        return parsed, unknown
+
+    def _explain_unknown(self, unknown: list[str]) -> str:
+        options = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        parts = []
+        for token in unknown:
+            flag = token.split("=", 1)[0]
+            if flag.startswith("-"):
+                close = difflib.get_close_matches(flag, options, n=1, cutoff=0.5)
+                parts.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
+            else:
+                parts.append(repr(token))
+        return "unrecognized arguments: " + ", ".join(parts)
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model and tokenizer")
+    group.add_argument("--from_pretrained", type=str, default="bert-base-uncased",
+                       help="checkpoint (.bin state_dict or .safetensors)")
+    group.add_argument("--bert_model", type=str, default=None,
+                       help="tokenizer directory for AutoTokenizer (never downloaded); default: the model "
+                            f"config's bert_model key, else {VOLTA_DEFAULT_TOKENIZER}")
+    group.add_argument("--do_lower_case", action="store_true", default=None,
+                       help="lower-case text (passed explicitly to AutoTokenizer, as IGLUE-VOLTA)")
+    group.add_argument("--config_file", type=str, default="config/bert_config.json", help="model config JSON")
+    group.add_argument("--is_m3p", action="store_true", help="use the M3P config class")
+
+
+def add_task_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("task")
+    group.add_argument("--tasks_config_file", type=str, default="config_tasks/vilbert_trainval_tasks.yml",
+                       help="VOLTA task YAML (TASK<n> entries)")
+    group.add_argument("--task", type=str, default="", help="task number; the YAML key is TASK<task>")
+    group.add_argument("--loss", type=str, default="", help="override the config loss")
+    group.add_argument("--in_memory", default=False, type=bool,
+                       help="VOLTA's in-RAM feature cache switch (type=bool: any value turns it on); "
+                            "accepted for compatibility, volta-ml's stores need no separate path")
+    group.add_argument("--drop_last", action="store_true")
+    group.add_argument("--seed", type=int, default=42)
+    group.add_argument("--local_rank", type=int, default=-1)
+
+
+def add_volta_ml_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("volta-ml extras")
+    group.add_argument("--data_root", type=str, default=None,
+                       help="data root for {data_root} paths in shipped task configs (env VOLTA_ML_DATA_ROOT)")
+    group.add_argument("--path_map", type=str, default=None,
+                       help="OLD=NEW[;OLD2=NEW2] prefix rewrites for absolute paths in VOLTA task configs "
+                            "(env VOLTA_ML_PATH_MAP)")
+    group.add_argument("--device", type=str, default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    group.add_argument("--amp", action="store_true", help="autocast (fp16 on CUDA, bf16 on CPU)")
+    group.add_argument("--cache_dir", type=str, default=None,
+                       help="tokenised-text cache (default $VOLTA_ML_CACHE or ~/.cache/volta_ml/tokens)")
+    group.add_argument("--no_cache", action="store_true", help="do not read or write the tokenised-text cache")
+
+
+def add_eval_task_flags(parser: argparse.ArgumentParser) -> None:
+    """`eval_task.py` (spec §a.2)."""
+    add_model_flags(parser)
+    add_task_flags(parser)
+    group = parser.add_argument_group("evaluation")
+    group.add_argument("--output_dir", type=str, default="results")
+    group.add_argument("--save_name", type=str, default="", help="result dir = <output_dir>/<ckpt>-<save_name>")
+    group.add_argument("--val_annotations_jsonpath", type=str, default="")
+    group.add_argument("--val_features_lmdbpath", type=str, default="")
+    group.add_argument("--split", type=str, default="", help="split name and result-file prefix")
+    group.add_argument("--batch_size", type=int, default=30,
+                       help="used only when the task config has no eval_batch_size (as VOLTA)")
+    group.add_argument("--num_workers", type=int, default=16, help="unused by evaluation (as VOLTA)")
+    group.add_argument("--num_val_workers", type=int, default=2, help="evaluation DataLoader workers")
+    group.add_argument("--use_chunk", type=float, default=0, help="unused (as VOLTA)")
+    add_volta_ml_flags(parser)
+
+
+def eval_task_parser(prog: str = "eval_task.py", parser=None) -> argparse.ArgumentParser:
+    parser = parser or VoltaArgumentParser(prog=prog, description="Evaluate a fine-tuned model on a VOLTA task.")
+    add_eval_task_flags(parser)
+    return parser
+
+
+def resolve_tokenizer_args(args, model_config) -> tuple[str, bool]:
+    """(`bert_model`, `do_lower_case`): command line first, then the model config JSON (VOLTA-HEAD style)."""
+    bert_model = args.bert_model or getattr(model_config, "bert_model", None) or VOLTA_DEFAULT_TOKENIZER
+    if args.do_lower_case is not None:
+        do_lower_case = bool(args.do_lower_case)
+    else:
+        do_lower_case = bool(getattr(model_config, "do_lower_case", False))
+    return bert_model, do_lower_case
