@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -206,7 +207,10 @@ def _check_butd(folder, case, exp):
         h, w = out["x_resized_hw"]
         raw = scale_boxes(torch.from_numpy(out["x_rpn_proposals"]), img.shape[1] / w, img.shape[0] / h)
         probs = torch.from_numpy(out["x_fg_probs"])
-        for lo, hi in ((10, 100), (36, 36)):
+        clamps = sorted({(int(m.group(1)), int(m.group(2)))
+                         for k in exp if (m := re.match(r"^caffe(\d+)_(\d+)_keep$", k))})
+        assert clamps, "Caffe-style selections stored"
+        for lo, hi in clamps:
             keep, max_conf = caffe_select(raw, probs, lo, hi, conf_thresh=0.2)
             name = f"caffe{lo}_{hi}"
             _close("caffe_max_conf", max_conf.numpy(), exp["caffe_max_conf"], atol=PROB_ABS)
@@ -233,10 +237,15 @@ def _check_x101(folder, case, exp):
     for k in ("num_boxes", "objects", "image_width", "image_height"):
         _close(k, np.asarray(out[k], dtype=np.int64), exp[k])
     _close("bbox", out["bbox"], exp["bbox"], atol=BOX_PX)
-    rows = {k[: -len("_rows0to7")]: 8 for k in exp if k.endswith("_rows0to7")}
+    # Reduced cases store only some rows, as `<name>_rows<a>to<b>` (inclusive).
+    reduced = {m.group(1): (k, int(m.group(2)), int(m.group(3)))
+               for k in exp if (m := re.match(r"^(.*)_rows(\d+)to(\d+)$", k))}
     for name in ("features", "cls_prob"):
-        got = out[name][: rows[name]] if name in rows else out[name]
-        ref = exp[f"{name}_rows0to7"] if name in rows else exp[name]
+        if name in reduced:
+            key, first, last = reduced[name]
+            got, ref = out[name][first:last + 1], exp[key]
+        else:
+            got, ref = out[name], exp[name]
         if name == "features":
             _close(name, got, ref, rel=FEATURE_REL)
         else:
