@@ -4,7 +4,6 @@ Registered by `volta_ml/features/cli.py` through `register_extract(features_subp
 """
 from __future__ import annotations
 
-import argparse
 import os
 import pickle
 import shutil

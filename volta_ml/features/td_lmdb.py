@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 
-import lmdb
 import msgpack
 import numpy as np
 from tqdm import tqdm
 
-from .base import FeatureStore, LmdbStoreMixin, release_shared_env, shared_readonly_env
+from .base import (FeatureStore, LmdbStoreMixin, StoreWriter, create_fresh_lmdb,
+                   shared_readonly_env)
 from .records import FeatureStoreError, IncompleteStoreError
 from .safe_pickle import safe_loads
 from .volta_lmdb import record_from_volta_dict
@@ -194,22 +194,15 @@ class TdLmdbStore(LmdbStoreMixin, FeatureStore):
         return info
 
 
-class TdLmdbWriter:
+class TdLmdbWriter(StoreWriter):
     """Tensorpack-compatible writer: one record per `put`, b"__keys__" written in close()."""
 
     def __init__(self, path: str, serializer: str = "msgpack", overwrite: bool = False, **meta):
         if serializer not in ("msgpack", "pickle"):
             raise ValueError(f"serializer must be msgpack or pickle, not {serializer!r}")
         self.path = str(path)
-        release_shared_env(self.path)
-        if os.path.exists(os.path.join(self.path, "data.mdb")):
-            if not overwrite:
-                raise FileExistsError(f"{self.path} already exists; pass overwrite=True")
-            import shutil
-            shutil.rmtree(self.path)
-        os.makedirs(self.path, exist_ok=True)
         self.serializer = serializer
-        self._env = lmdb.open(self.path, map_size=1 << 40, writemap=False, meminit=False)
+        self._env = create_fresh_lmdb(self.path, overwrite)
         self._txn = self._env.begin(write=True)
         self._keys: list[bytes] = []
         self._ids: set[str] = set()
@@ -255,11 +248,3 @@ class TdLmdbWriter:
             self._env.close()
             self._closed = True
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

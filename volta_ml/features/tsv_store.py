@@ -8,7 +8,6 @@ The file is indexed once (byte offset of each line) and read by seeking.
 """
 from __future__ import annotations
 
-import base64
 import binascii
 
 try:  # SIMD base64 (20x faster on 300 KB feature buffers); same strict semantics

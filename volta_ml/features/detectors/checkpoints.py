@@ -12,7 +12,6 @@ Names go through the strict key maps of keymap.py (every key used, shapes checke
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import pickle
 from pathlib import Path

@@ -4,7 +4,6 @@ Features spec section 3 / golden README section 5. Legacy "+1" conventions throu
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch
