@@ -155,12 +155,7 @@ class ReadDataset(Dataset):
         return _checksum(self.reader[self.ids[i]])
 
 
-def rate(reader, ids, workers, repeat):
-    """Best of `repeat` runs: other load on a shared machine only ever slows a run down."""
-    return max(_rate_once(reader, ids, workers) for _ in range(repeat))
-
-
-def _rate_once(reader, ids, workers):
+def rate(reader, ids, workers):
     if workers == 0:
         reader[ids[0]]  # open lazily outside the timing
         start = time.perf_counter()
@@ -222,9 +217,14 @@ def main(argv=None):
         header = f"{'reader (records/s)':36}" + "".join(f"{p[:4]} w={w}".rjust(13) for p, w in cols)
         print(header)
         print("-" * len(header))
-        table = {}
-        for name, reader in readers.items():
-            table[name] = [rate(reader, patterns[p], w, args.repeat) for p, w in cols]
+        # Best of --repeat rounds, every reader measured once per round: load from other work
+        # on a shared machine only ever slows a run down, and rounds spread it across readers.
+        table = {name: [0.0] * len(cols) for name in readers}
+        for _ in tqdm(range(args.repeat), desc="rounds"):
+            for name, reader in readers.items():
+                for i, (p, w) in enumerate(cols):
+                    table[name][i] = max(table[name][i], rate(reader, patterns[p], w))
+        for name in readers:
             print(f"{name:36}" + "".join(f"{r:13.0f}" for r in table[name]))
         print("-" * len(header))
         ratios = [("volta-ml native / VOLTA reader*", "volta-ml native", "VOLTA reader* on VOLTA layout"),

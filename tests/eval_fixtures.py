@@ -29,18 +29,19 @@ def tiny_config_file(out: Path, base: str = "ctrl_uniter_base", vocab_size: int 
 
 
 def build_checkpoint(config_file: Path, task_config: dict, task_id: str, out: Path, seed: int = 0,
-                     force_class: int | None = None) -> Path:
+                     force_class: int | None = None, head_gain: float = 1.0) -> Path:
     """A fine-tuned-style checkpoint (`bert.*` + `clfs_dict.TASK<n>.*`); `force_class` makes the head
-    predict that class for every input (final layer weight 0, bias 5 on the class)."""
+    predict that class for every input (final layer weight 0, bias 5 on the class); `head_gain` scales the
+    final layer so a random model's outputs differ clearly between inputs."""
     from volta_ml.models import build_model, load_config
 
     torch.manual_seed(seed)
     model = build_model(load_config(str(config_file)), task_config, [task_id], kind="tasks")
     state = model.state_dict()
+    prefix = f"clfs_dict.{task_id}."
+    final = [k for k in state if k.startswith(prefix) and k.endswith("bias")][-1]
+    state[final[: -len("bias")] + "weight"].mul_(head_gain)
     if force_class is not None:
-        prefix = f"clfs_dict.{task_id}."
-        biases = [k for k in state if k.startswith(prefix) and k.endswith("bias")]
-        final = biases[-1]
         state[final[: -len("bias")] + "weight"].zero_()
         state[final].zero_()
         state[final][force_class] = 5.0

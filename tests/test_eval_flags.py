@@ -39,3 +39,15 @@ def test_tokenizer_from_cli_or_model_config():
     assert resolve_tokenizer_args(from_cli, types.SimpleNamespace()) == ("/hf/xlmr", False)
     lowered = eval_task_parser().parse_args(["--bert_model", "/hf/b", "--do_lower_case"])
     assert resolve_tokenizer_args(lowered, types.SimpleNamespace(do_lower_case=False)) == ("/hf/b", True)
+
+
+def test_volta_ml_eval_subcommand_uses_the_same_flags(capsys):
+    from volta_ml.cli import build_parser
+
+    args = build_parser().parse_args(["eval", "--task", "12", "--split", "test", "--num_val_workers", "4"])
+    assert args.command == "eval" and args.task == "12" and args.num_val_workers == 4 and callable(args.func)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["eval", "--val_feature_lmdbpath", "x"])
+    assert "did you mean --val_features_lmdbpath?" in capsys.readouterr().err
+    score = build_parser().parse_args(["gqa-score", "--preds_file", "p.json", "--truth_file", "t.json"])
+    assert score.preds_file == "p.json" and callable(score.func)

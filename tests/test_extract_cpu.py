@@ -129,22 +129,22 @@ class _CrashAfter:
 
 @pytest.mark.parametrize("fmt", ["native", "h5"])
 def test_resume_after_interrupted_run(butd, tmp_path, fmt):
-    images = _make_images(tmp_path / "imgs", 3)
+    images = _make_images(tmp_path / "imgs", 2)
     items = [(image_id_for(p, "stem"), p) for p in list_images(images)]
     out = str(tmp_path / ("store" if fmt == "native" else "store.h5"))
     log = FailureLog(tmp_path / "fail.jsonl")
     with pytest.raises(KeyboardInterrupt):
         with open_writer(out, fmt) as writer:
-            extract_images(butd, SMALL_BUTD, items, _CrashAfter(writer, 2), log, progress=False)
+            extract_images(butd, SMALL_BUTD, items, _CrashAfter(writer, 1), log, progress=False)
     with open_writer(out, fmt) as writer:  # the rerun resumes the unfinished store
         summary = extract_images(butd, SMALL_BUTD, items, writer, log, progress=False)
-    assert (summary.already_present, summary.extracted, summary.failed) == (2, 1, 0)
+    assert (summary.already_present, summary.extracted, summary.failed) == (1, 1, 0)
     store = open_store(out)
-    assert sorted(store.keys_list()) == ["img0", "img1", "img2"]
-    # Resumed records equal an uninterrupted run's.
-    ref = butd_extract(butd, read_image_bgr(images / "img2.png"), SMALL_BUTD)
-    np.testing.assert_array_equal(store["img2"].features, ref["features"])
-    np.testing.assert_array_equal(store["img2"].boxes, ref["boxes"])
+    assert sorted(store.keys_list()) == ["img0", "img1"]
+    # The record written before the crash equals an uninterrupted run's.
+    ref = butd_extract(butd, read_image_bgr(images / "img0.png"), SMALL_BUTD)
+    np.testing.assert_array_equal(store["img0"].features, ref["features"])
+    np.testing.assert_array_equal(store["img0"].boxes, ref["boxes"])
 
 
 def test_failure_manifest_for_corrupt_degenerate_and_bomb_images(butd, tmp_path):
@@ -153,16 +153,18 @@ def test_failure_manifest_for_corrupt_degenerate_and_bomb_images(butd, tmp_path)
     good = (folder / "img0.png").read_bytes()
     (folder / "truncated.png").write_bytes(good[: len(good) // 3])
     write_png(folder / "line.png", np.zeros((1, 50, 3), np.uint8))
+    write_png(folder / "sliver.png", synthetic_image(20, 900, seed=8)[:3])  # decodes, too thin once resized
     write_png(folder / "huge.png", np.zeros((300, 400, 3), np.uint8))  # over the pixel limit below
     items = [(image_id_for(p, "stem"), p) for p in list_images(folder)]
     log = FailureLog(tmp_path / "failures.jsonl")
     with open_writer(str(tmp_path / "store"), "native") as writer:
         summary = extract_images(butd, SMALL_BUTD, items, writer, log, max_pixels=100_000, progress=False)
     entries = {e["image_id"]: e for e in map(json.loads, (tmp_path / "failures.jsonl").read_text().splitlines())}
-    assert set(entries) == {"corrupt", "truncated", "line", "huge"}
-    assert summary.failed == 4 and summary.extracted == 1
+    assert set(entries) == {"corrupt", "truncated", "line", "huge", "sliver"}
+    assert summary.failed == 5 and summary.extracted == 1
     assert "exceeds the limit" in entries["huge"]["reason"]
     assert "degenerate" in entries["line"]["reason"]
+    assert "too thin" in entries["sliver"]["reason"]
     assert all(e["stage"] == "decode" and e["path"].endswith(e["path"].split("/")[-1]) for e in entries.values())
     assert open_store(str(tmp_path / "store")).keys_list() == ["img0"]
 
@@ -191,3 +193,21 @@ def test_unreadable_file_raises_image_error(tmp_path):
         read_image_bgr(tmp_path / "empty.png")
     with pytest.raises(ImageError, match="cannot read"):
         read_image_bgr(tmp_path / "missing.png")
+
+
+def test_volta_lmdb_output_is_resumable_through_staging(butd, tmp_path):
+    from volta_ml.features.extract_cli import finish_output, open_output
+
+    images = _make_images(tmp_path / "imgs", 2)
+    items = [(image_id_for(p, "stem"), p) for p in list_images(images)]
+    out = str(tmp_path / "feat.lmdb")
+    log = FailureLog(tmp_path / "fail.jsonl")
+    for run_items, expected_new in ((items[:1], 1), (items, 1)):  # second run adds one image
+        writer, staging = open_output(out, "volta-lmdb", "test")
+        with writer:
+            summary = extract_images(butd, SMALL_BUTD, run_items, writer, log, progress=False)
+        finish_output(out, staging, progress=False)
+        assert summary.extracted == expected_new
+    store = open_store(out)
+    assert type(store).__name__ == "VoltaLmdbStore" and sorted(store.keys_list()) == ["img0", "img1"]
+    assert store["img1"].features.shape == (36, 2048)

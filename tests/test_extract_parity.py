@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,8 +39,13 @@ LOGIT_ABS = 1e-4
 
 def _folders() -> list[Path]:
     raw = os.environ.get(ENV)
-    paths = [Path(p) for p in raw.split(os.pathsep) if p] if raw else [DEFAULT]
-    return [p for p in paths if (p / "manifest.json").is_file()]
+    if not raw:
+        return [DEFAULT] if (DEFAULT / "manifest.json").is_file() else []
+    paths = [Path(p) for p in raw.split(os.pathsep) if p]
+    missing = [str(p) for p in paths if not (p / "manifest.json").is_file()]
+    if missing:  # explicitly requested folders must exist: never a silent skip
+        raise FileNotFoundError(f"{ENV} names folders without manifest.json: {', '.join(missing)}")
+    return paths
 
 
 def _cases():
@@ -51,9 +57,10 @@ def _cases():
     return params
 
 
-CASES = _cases()
-if not CASES:
-    pytestmark = pytest.mark.skip(reason=f"no golden_extract fixture folder (set {ENV} or provide {DEFAULT})")
+_SKIP = pytest.mark.skip(reason=f"no golden_extract fixture folder: {DEFAULT} is absent (fresh clone) and "
+                               f"{ENV} is not set")
+CASES = _cases() or [pytest.param(None, None, marks=_SKIP, id="no-fixtures")]
+FOLDERS = [pytest.param(f, id=f.name) for f in _folders()] or [pytest.param(None, marks=_SKIP, id="no-fixtures")]
 
 
 @lru_cache(maxsize=None)
@@ -115,15 +122,18 @@ def _match_rows(got: np.ndarray, exp: np.ndarray, atol: float) -> np.ndarray:
     return perm
 
 
-def test_default_location_or_env_is_used():
-    assert CASES, "collected fixture cases"
-    for folder in _folders():
-        assert (folder / "recipe" / "weights_check.npz").is_file()
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_folder_layout(folder):
+    manifest = _manifest(folder)
+    assert manifest["recipe"] == "golden-extract-recipe-v1", "weights recipe this test implements"
+    assert (folder / "recipe" / "weights_check.npz").is_file()
+    for case in manifest["cases"]:
+        assert (folder / case["file"]).is_file(), case["file"]
 
 
 @pytest.mark.parametrize("detector,table", [("butd", "d2_vg_attr_state_dict_keys.tsv"),
                                             ("x101", "x101_mrcnn_state_dict_keys.tsv")])
-@pytest.mark.parametrize("folder", _folders(), ids=lambda p: p.name)
+@pytest.mark.parametrize("folder", FOLDERS)
 def test_recipe_weights_match_check_file(folder, detector, table):
     check = np.load(folder / "recipe" / "weights_check.npz")
     weights = recipe_weights(read_key_table(folder / "recipe" / table), _manifest(folder)["seed"])
@@ -132,7 +142,7 @@ def test_recipe_weights_match_check_file(folder, detector, table):
         assert hashlib.sha256(weights[key].numpy().tobytes()).hexdigest() == digest, key
 
 
-@pytest.mark.parametrize("folder", _folders(), ids=lambda p: p.name)
+@pytest.mark.parametrize("folder", FOLDERS)
 def test_decoder_applies_exif_and_matches_opencv(folder):
     for stem, info in _manifest(folder)["images"].items():
         img = read_image_bgr(folder / info["file"])
@@ -197,7 +207,10 @@ def _check_butd(folder, case, exp):
         h, w = out["x_resized_hw"]
         raw = scale_boxes(torch.from_numpy(out["x_rpn_proposals"]), img.shape[1] / w, img.shape[0] / h)
         probs = torch.from_numpy(out["x_fg_probs"])
-        for lo, hi in ((10, 100), (36, 36)):
+        clamps = sorted({(int(m.group(1)), int(m.group(2)))
+                         for k in exp if (m := re.match(r"^caffe(\d+)_(\d+)_keep$", k))})
+        assert clamps, "Caffe-style selections stored"
+        for lo, hi in clamps:
             keep, max_conf = caffe_select(raw, probs, lo, hi, conf_thresh=0.2)
             name = f"caffe{lo}_{hi}"
             _close("caffe_max_conf", max_conf.numpy(), exp["caffe_max_conf"], atol=PROB_ABS)
@@ -224,10 +237,15 @@ def _check_x101(folder, case, exp):
     for k in ("num_boxes", "objects", "image_width", "image_height"):
         _close(k, np.asarray(out[k], dtype=np.int64), exp[k])
     _close("bbox", out["bbox"], exp["bbox"], atol=BOX_PX)
-    rows = {k[: -len("_rows0to7")]: 8 for k in exp if k.endswith("_rows0to7")}
+    # Reduced cases store only some rows, as `<name>_rows<a>to<b>` (inclusive).
+    reduced = {m.group(1): (k, int(m.group(2)), int(m.group(3)))
+               for k in exp if (m := re.match(r"^(.*)_rows(\d+)to(\d+)$", k))}
     for name in ("features", "cls_prob"):
-        got = out[name][: rows[name]] if name in rows else out[name]
-        ref = exp[f"{name}_rows0to7"] if name in rows else exp[name]
+        if name in reduced:
+            key, first, last = reduced[name]
+            got, ref = out[name][first:last + 1], exp[key]
+        else:
+            got, ref = out[name], exp[name]
         if name == "features":
             _close(name, got, ref, rel=FEATURE_REL)
         else:

@@ -238,3 +238,10 @@ def test_legacy_wrappers(tmp_path, images):
     td = open_store(tmp_path / "c.lmdb")
     assert td.format_name == "td-lmdb" and td.num_records == 4
     assert_same(td, dict(list(images.items())[:4]), check_scores=True)
+
+
+def test_td_lmdb_sequential_pass_builds_the_index(tmp_path, images, monkeypatch):
+    store = open_store(L.write_td_lmdb(tmp_path / "td.lmdb", L.h5_style_td_records(images)))
+    assert [k for k, _ in store.iter_records()] == [f"{i:08d}" for i in range(len(images))]
+    monkeypatch.setattr(store, "_build_index", lambda: pytest.fail("second scan"))
+    assert_same(store, images)

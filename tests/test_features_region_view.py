@@ -159,3 +159,59 @@ def test_store_pickles_without_handles_for_spawn(tmp_path):
     loader = DataLoader(_Samples(view, list(images)), batch_size=2, num_workers=1,
                         multiprocessing_context="spawn")
     assert sum(b.image_mask.sum().item() for b in loader) == 4 * 6
+
+
+def _volta_reference(features, boxes, w, h, num_locs, add_global, norm, max_region_num):
+    """The spec's description of VOLTA's reader + dataset padding, step by step (float64 detours
+    included), written independently of RegionView."""
+    num_boxes = features.shape[0]
+    loc = np.zeros((num_boxes, num_locs), dtype=np.float32)
+    loc[:, :4] = boxes
+    if num_locs >= 5:
+        loc[:, num_locs - 1] = ((loc[:, 3] - loc[:, 1]) * (loc[:, 2] - loc[:, 0])
+                                / (float(w) * float(h)))
+    loc[:, 0] /= float(w)
+    loc[:, 2] /= float(w)
+    loc[:, 1] /= float(h)
+    loc[:, 3] /= float(h)
+    if num_locs > 5:
+        loc[:, 4] = loc[:, 2] - loc[:, 0]
+        loc[:, 5] = loc[:, 3] - loc[:, 1]
+    if norm:
+        features = features / np.linalg.norm(features, 2, 1, keepdims=True)
+        loc = loc / np.linalg.norm(loc, 2, 1, keepdims=True)
+    if add_global:
+        g_feat = np.sum(features, axis=0) / num_boxes
+        g_loc = np.array([[0, 0, 1, 1] + [1] * (num_locs - 4)])  # int64: concat makes float64
+        num_boxes += 1
+        if add_global == "first":
+            features = np.concatenate([g_feat[None], features])
+            loc = np.concatenate([g_loc, loc])
+        else:
+            features = np.concatenate([features, g_feat[None]])
+            loc = np.concatenate([loc, g_loc])
+    rows_budget = max_region_num + (1 if add_global else 0)
+    keep = min(num_boxes, rows_budget)
+    feat_pad = np.zeros((rows_budget, features.shape[1]))  # float64 as in the datasets
+    loc_pad = np.zeros((rows_budget, num_locs))
+    mask = [1] * keep + [0] * (rows_budget - keep)
+    feat_pad[:keep] = features[:keep]
+    loc_pad[:keep] = loc[:keep]
+    return (torch.tensor(feat_pad).float(), torch.tensor(loc_pad).float(),
+            torch.tensor(mask).long())
+
+
+@pytest.mark.parametrize("num_locs", [4, 5, 7])
+@pytest.mark.parametrize("add_global", [None, "first", "last"])
+@pytest.mark.parametrize("norm", [False, True])
+def test_matches_volta_reference_exactly(tmp_path, num_locs, add_global, norm):
+    images = L.random_images(4, boxes=(3, 12), dim=32, seed=11)
+    view = RegionView(open_store(L.write_boxes36_h5(tmp_path / "a.h5", images)),
+                      num_locs=num_locs, add_global_imgfeat=add_global,
+                      norm_embeddings=norm, max_region_num=8)
+    for image_id, img in images.items():
+        ref = _volta_reference(img["features"], img["boxes"], img["img_w"], img["img_h"],
+                               num_locs, add_global, norm, 8)
+        got = view[image_id]
+        for a, b in zip(got[:3], ref):
+            assert a.dtype == b.dtype and torch.equal(a, b), image_id

@@ -4,7 +4,6 @@ Each fixture holds a VOLTA checkpoint, inputs and the outputs VOLTA computed; th
 every output in float32 and float64 (tolerances of the fixture README). Any folder with the same layout works.
 """
 import json
-import os
 
 import pytest
 import torch

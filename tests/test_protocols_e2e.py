@@ -146,3 +146,32 @@ def test_few_shot_grid_trains_selects_and_tests(sweep_env):
     assert result["selected_lr"] == ("1e-4" if dev["1e-4"] >= dev["5e-5"] else "5e-5")
     volta_ml("report", str(runs))
     assert (runs / "report/XVNLI_1.csv").read_text().startswith("model,ar,avg\nctrl_uniter,")
+
+
+def test_retrieval_grid_reads_final_lines_into_ir_and_tr_tables(sweep_env):
+    pytest.importorskip("volta_ml.engine.retrieval_cli", reason="needs `volta-ml eval-retrieval` (retrieval branch)")
+    root = sweep_env["root"]
+    # a 10-image German gallery keeps the caption x image scoring small on CPU
+    test = link(IGLUE / "xFlickrCO/annotations/de/train_10.jsonl", root / "xFlickrCO/annotations/de/test_10.jsonl")
+    make_store(root / "xFlickrCO/features/xflickrco-test_boxes36.lmdb", [r["img_path"] for r in read_jsonl(test)],
+               FEATURE_DIM)
+    from volta_ml.tasks.config import load_task_config
+    tasks = load_task_config(str(REPO / "config_tasks/iglue_test_tasks_boxes36.yml"))
+    ckpt = build_checkpoint(sweep_env["config"], tasks, "TASK8", sweep_env["tmp"] / "en/xflickrco/pytorch_model_best.bin")
+    grid = write_grid(sweep_env, "retrieval", tasks=["xflickrco"], languages={"xflickrco": ["de"]},
+                      protocols=["zero_shot"], include_english=False,
+                      paths={"xflickrco": {"test_file": "xFlickrCO/annotations/{lang}/test_10.jsonl"}},
+                      models={"ctrl_uniter": {"config": str(sweep_env["config"]), "bert_model": str(sweep_env["bert"]),
+                                              "do_lower_case": True, "finetuned": {"xflickrco": str(ckpt)}}},
+                      extra_flags={"eval_retrieval": ["--num_val_workers", "0", "--no_cache", "--device", "cpu"]})
+    assert "1 ran, 0 already finished, 0 failed" in volta_ml("sweep", str(grid), "--local").stdout
+    runs = sweep_env["tmp"] / "retrieval"
+    cell = runs / "zero_shot/ctrl_uniter/xflickrco/de"
+    metrics = json.loads((cell / "result.json").read_text())["metrics"]
+    finals = [l for l in (cell / "test.out").read_text().splitlines() if l.startswith("Final")]
+    assert f"{metrics['ir_r1']:.3f}" in finals[-2] and f"{metrics['tr_r1']:.3f}" in finals[-1]
+    assert 0 <= metrics["ir_r1"] <= metrics["ir_r5"] <= metrics["ir_r10"] <= 100
+    volta_ml("report", str(runs), "--no_plots")
+    ir = (runs / "report/xFlickrCO_ir_0.csv").read_text().splitlines()
+    assert ir[0] == "model,de,avg" and ir[1] == f"ctrl_uniter,{metrics['ir_r1']!r},{metrics['ir_r1']!r}"
+    assert (runs / "report/xFlickrCO_tr_0.csv").exists()

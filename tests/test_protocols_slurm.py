@@ -109,27 +109,32 @@ def test_example_grids_expand(tmp_path):
     assert len(full["finetune"]) == 2 * 5
 
 
-def run_index(script: Path, index: int) -> subprocess.CompletedProcess:
-    return subprocess.run([BASH, str(script)], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "SLURM_ARRAY_TASK_ID": str(index), "VOLTA_ML_DRY_RUN": "1"})
+def run_index(script: Path, index: int, chunk: int = 1000) -> subprocess.CompletedProcess:
+    """Dry-run one cell the way Slurm would start it: array index within its chunk, plus the chunk offset."""
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": str(index % chunk), "VOLTA_ML_DRY_RUN": "1",
+           "VOLTA_ML_INDEX_OFFSET": str(index - index % chunk)}
+    return subprocess.run([BASH, str(script)], capture_output=True, text=True, timeout=60, env=env)
 
 
-def test_slurm_arrays_map_every_index_to_its_cell_and_chain_stages(tmp_path):
+@pytest.mark.parametrize("chunk", [1000, 5])
+def test_slurm_arrays_map_every_index_to_its_cell_and_chain_stages(tmp_path, chunk):
     grid = load_grid(grid_file(tmp_path))
+    grid.slurm["max_array_size"] = chunk
     cells = plan_cells(grid)
     submit = write_slurm(grid.name, cells, tmp_path / "slurm", grid.slurm, grid.env, grid.step())
     stages = cells_by_stage(cells)
-    assert set(stages) == {"finetune", "zero_shot", "few_shot_train", "few_shot_test"}
+    assert {s: len(c) for s, c in stages.items()} == {"finetune": 3, "zero_shot": 12, "few_shot_train": 24,
+                                                       "few_shot_test": 8}
     for stage, group in stages.items():
         script = tmp_path / "slurm" / f"{stage}.sbatch"
         text = script.read_text()
         assert subprocess.run([BASH, "-n", str(script)]).returncode == 0
-        assert f"#SBATCH --array=0-{len(group) - 1}%4\n" in text
+        assert f"#SBATCH --array=0-{min(len(group), chunk) - 1}%4\n" in text
         assert "#SBATCH --partition=gpu" in text and "module load cuda" in text
         if stage == "few_shot_train":
             assert "#SBATCH --time=01:00:00" in text and "#SBATCH --mem=16G" in text
         for index, cell in enumerate(group):
-            proc = run_index(script, index)
+            proc = run_index(script, index, chunk)
             assert proc.returncode == 0, proc.stderr
             lines = proc.stdout.splitlines()
             assert lines[0] == f"cell {index}: {cell.id}"
@@ -139,8 +144,8 @@ def test_slurm_arrays_map_every_index_to_its_cell_and_chain_stages(tmp_path):
                 assert shlex.split(argv_text) == command.argv
                 out, err = shlex.split(redirect.replace(" 2> ", " "))
                 assert (out, err) == (command.stdout, command.stderr)
-        beyond = run_index(script, len(group))
-        assert beyond.returncode == 2 and "no cell for array index" in beyond.stderr
+        beyond = run_index(script, len(group), chunk)
+        assert beyond.returncode == 2 and "no cell for index" in beyond.stderr
 
     # submit.sh with a stand-in sbatch that records its arguments and hands out job ids
     fake = tmp_path / "sbatch"
@@ -151,13 +156,27 @@ def test_slurm_arrays_map_every_index_to_its_cell_and_chain_stages(tmp_path):
     proc = subprocess.run([BASH, str(submit)], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "SBATCH": str(fake), "LOG": str(log)})
     assert proc.returncode == 0, proc.stderr
-    jobs = {line.split()[-1].removesuffix(".sbatch"): line.split() for line in log.read_text().splitlines()}
-    ids = {stage: words[0] for stage, words in jobs.items()}
+    jobs: dict[str, list[list[str]]] = {}
+    for line in log.read_text().splitlines():
+        words = line.split()
+        jobs.setdefault(words[-1].removesuffix(".sbatch"), []).append(words)
     assert list(jobs) == ["finetune", "zero_shot", "few_shot_train", "few_shot_test"]
-    assert "--dependency" not in " ".join(jobs["finetune"])
-    assert f"--dependency=afterok:{ids['finetune']}" in jobs["zero_shot"]
-    assert f"--dependency=afterok:{ids['finetune']}" in jobs["few_shot_train"]
-    assert f"--dependency=afterok:{ids['few_shot_train']}" in jobs["few_shot_test"]
+    ids = {stage: ":".join(w[0] for w in submits) for stage, submits in jobs.items()}
+    deps = {stage: {w for words in submits for w in words if w.startswith("--dependency")}
+            for stage, submits in jobs.items()}
+    assert deps == {"finetune": set(), "zero_shot": {f"--dependency=afterok:{ids['finetune']}"},
+                    "few_shot_train": {f"--dependency=afterok:{ids['finetune']}"},
+                    "few_shot_test": {f"--dependency=afterok:{ids['few_shot_train']}"}}
+    # chunks cover each stage's cells exactly once
+    for stage, submits in jobs.items():
+        n = len(stages[stage])
+        if n <= chunk:
+            assert len(submits) == 1 and not any(w.startswith("--array") for w in submits[0])
+            continue
+        spans = [(int(next(w for w in words if w.startswith("--export")).rsplit("=", 1)[1]),
+                  int(next(w for w in words if w.startswith("--array=")).split("=")[1].split("-")[1].split("%")[0]) + 1)
+                 for words in submits]
+        assert [o for o, _ in spans] == list(range(0, n, chunk)) and sum(size for _, size in spans) == n
 
 
 def test_finished_cells_exit_early_in_the_job_script(tmp_path):
@@ -178,3 +197,16 @@ def test_volta_ml_command_registers_sweep_and_report():
     proc = subprocess.run([sys.executable, "-m", "volta_ml.cli", "--help"], cwd=REPO, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert proc.returncode == 0 and "sweep" in proc.stdout and "report" in proc.stdout
+
+
+def test_run_command_is_a_one_model_grid(tmp_path):
+    from volta_ml.protocols.cli import main
+
+    assert main(["run", "zero_shot", "few_shot", "--task", "marvl", "--model", "uc2", "--config", "uc2_base",
+                 "--finetuned", "/ckpt/{task}.bin", "--data_root", str(tmp_path / "data"), "--output_dir",
+                 str(tmp_path / "out"), "--languages", "id", "--shots", "1", "2", "--slurm"]) == 0
+    grid = load_grid(tmp_path / "out/grid.yml")
+    assert grid.models["uc2"].finetuned == {"marvl": "/ckpt/{task}.bin"} and grid.shots == {"marvl": ["1", "2"]}
+    sizes = {s: len(c) for s, c in cells_by_stage(plan_cells(grid)).items()}
+    assert sizes == {"zero_shot": 2, "few_shot_train": 2 * 3, "few_shot_test": 2}
+    assert "#SBATCH --array=0-5\n" in (tmp_path / "out/slurm/few_shot_train.sbatch").read_text()

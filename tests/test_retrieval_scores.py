@@ -89,3 +89,16 @@ def test_float16_storage_and_shortlist_mode():
         np.testing.assert_allclose(row_fast[top3], row_full[top3], rtol=1e-5, atol=1e-6)  # re-scored in full
         rest = np.setdiff1d(np.arange(8), top3)
         assert row_fast[rest].max() < fast[np.arange(6)[:, None], np.argsort(-fast, 1)[:, :3]].min()
+
+
+@pytest.mark.parametrize("family", ["ctrl_uniter_base", "ctrl_lxmert_base"])
+def test_bf16_autocast_tracks_fp32(family):
+    config = tiny_config(family)
+    model = tiny_model(config)
+    with torch.no_grad():   # a larger head gain so bf16 rounding is small against the score spread
+        model.clfs_dict["TASK8"].weight.mul_(1000)
+    captions, gallery = tiny_captions(config, 5), tiny_gallery(config, 6)
+    fp32 = compute_score_matrix(model, captions, gallery, task_id="TASK8", progress=False)
+    bf16 = compute_score_matrix(model, captions, gallery, task_id="TASK8", precision="bf16", progress=False)
+    assert bf16.dtype == np.float32
+    assert np.abs(bf16 - fp32).max() <= 0.05 * np.ptp(fp32)

@@ -48,6 +48,8 @@ def test_data_root_from_flag_or_environment(monkeypatch):
     resolved = PathResolver(data_root="/data").resolve_entry(entry)
     assert entry_path(resolved, "features_h5path1") == "/data/flickr30k/features/flickr30k_boxes36.lmdb"
     assert entry_path(resolved, "features_h5path1", "/x/marvl.lmdb") == "/x/marvl.lmdb"  # CLI override wins
+    import os
+    assert os.path.join(resolved["dataroot"], "test.jsonl") == "/data/XVNLI/annotations/en/test.jsonl"
     monkeypatch.setenv("VOLTA_ML_DATA_ROOT", "/env")
     assert entry_path(PathResolver().resolve_entry(entry), "dataroot") == "/env/XVNLI/annotations/en"
 

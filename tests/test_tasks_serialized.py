@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tasks_fixtures import IGLUE, bert_uncased_dir, need_iglue, read_jsonl
-from volta_ml.data import load_tokenizer
+from volta_ml.data import TokenCache, load_tokenizer
 from volta_ml.tasks import gqa, nlvr2, retrieval
 
 
@@ -44,8 +44,8 @@ def test_gqa_from_serialized_store(tmp_path, bert):
     view = td_view(tmp_path / "gqa-train.lmdb", records)
     entry = {"name": "GQA", "type": "VL-classifier-GQA", "num_labels": 1842, "max_seq_length": 40,
              "max_region_num": 36, "format": "serialized_lmdb", "dataroot": str(root / "gqa/annotations")}
-    dataset = gqa.build_dataset(entry, "train", bert, view)
-    assert len(dataset) == 12
+    dataset = gqa.build_dataset(entry, "train", bert, view, token_cache=TokenCache(tmp_path / "cache"))
+    assert len(dataset) == 12 and len(list((tmp_path / "cache").glob("*.npz"))) == 1
     item = dataset[3]
     assert item["question_id"] == int(questions[3][0])
     assert item["target"][ans2label[questions[3][1]["answer"]]] == 1.0

@@ -15,9 +15,11 @@ import sys
 COMMAND_MODULES = [
     "volta_ml.models.cli",
     "volta_ml.features.cli",
-    "volta_ml.engine.eval_cli",
-    "volta_ml.engine.gqa_score_cli",
     "volta_ml.engine.train_cli",
+    "volta_ml.engine.eval_cli",
+    "volta_ml.engine.retrieval_cli",
+    "volta_ml.engine.gqa_score_cli",
+    "volta_ml.tasks.cvqa_cli",
     "volta_ml.protocols.cli",
     "volta_ml.protocols.demo_cli",
 ]

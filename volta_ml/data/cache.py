@@ -46,7 +46,7 @@ class TokenCache:
             from volta_ml.data.text import tokenizer_fingerprint
             fingerprint = tokenizer_fingerprint(tokenizer)
         digest.update(f"v{CACHE_FORMAT}|{fingerprint}|{max_seq_length}|".encode())
-        if source is not None:
+        if source is not None and os.path.isfile(source):  # a store directory: its texts are hashed below
             digest.update(file_digest(source).encode())
         for text in texts:
             digest.update(text.encode("utf-8", "surrogatepass"))

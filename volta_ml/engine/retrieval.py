@@ -1,11 +1,11 @@
 """The full caption x image score matrix: chunked, resumable, sharded across ranks.
 
 The matrix is cut into chunks of `captions_per_chunk` captions x all images. Rank r of R computes chunks
-r, r+R, ...; each finished chunk is written atomically to `<work_dir>/chunk_<k>.npy` (float32 or float16) and
+r, r+R, ...; each finished chunk is written atomically to `<work_dir>/chunk_<k>.npz` (float32 or float16) and
 skipped when a restarted run (any number of ranks) finds it, provided the run's fingerprint (checkpoint,
 annotation file, features, flags that change scores) matches `<work_dir>/manifest.json`. At the end every
-rank's chunks are gathered, so all ranks hold the identical matrix a single process computes: a pair's score
-never depends on which rank, batch or chunk computed it.
+rank's chunks are gathered, so all ranks hold the matrix a single process computes, bit for bit: chunks
+and the batches inside them do not depend on the number of ranks.
 
 Optional, non-standard fast mode (`shortlist=K`): each caption's images are first scored with the same
 cross-encoder on only the first `shortlist_regions` regions of every image (cheap), the K best are re-scored
@@ -68,10 +68,7 @@ class ChunkStore:
         if info.is_main:
             os.makedirs(work_dir, exist_ok=True)
             manifest = os.path.join(work_dir, MANIFEST)
-            old = None
-            if os.path.exists(manifest):
-                with open(manifest, encoding="utf-8") as handle:
-                    old = json.load(handle)
+            old = _read_json(manifest)
             if old != fingerprint:
                 if old is not None:
                     print(f"{work_dir}: saved chunks belong to another run ({_diff(old, fingerprint)}); "
@@ -81,19 +78,31 @@ class ChunkStore:
                         os.unlink(os.path.join(work_dir, name))
                 _atomic_write(manifest, lambda h: h.write(json.dumps(fingerprint, indent=1).encode()))
         barrier(info)
+        # A rank on a node that does not share rank 0's filesystem sees no (or another) manifest: it never
+        # reuses what it finds there, but still saves its chunks.
+        os.makedirs(work_dir, exist_ok=True)
+        self.reusable = _read_json(os.path.join(work_dir, MANIFEST)) == fingerprint
 
     def path(self, chunk: int) -> str:
         return os.path.join(self.work_dir, f"chunk_{chunk:06d}.npz")
 
     def load(self, chunk: int):
         path = self.path(chunk)
-        if not os.path.exists(path):
+        if not self.reusable or not os.path.exists(path):
             return None
         with np.load(path) as data:
             return {k: data[k] for k in data.files}
 
     def save(self, chunk: int, arrays: dict) -> None:
         _atomic_write(self.path(chunk), lambda h: np.savez(h, **arrays))
+
+
+def _read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
 
 
 def _diff(old: dict, new: dict) -> str:
@@ -112,6 +121,11 @@ def _atomic_write(path: str, write) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def save_array(path: str, array: np.ndarray) -> None:
+    """`np.save`, atomically: a crash leaves the old file or none, never a truncated one."""
+    _atomic_write(path, lambda handle: np.save(handle, array))
 
 
 def _pair_batches(n_captions: int, n_images: int, pair_batch: int):
@@ -192,6 +206,10 @@ def compute_score_matrix(model, captions: dict, gallery: dict, *, task_id: str |
     owned = plan.owned(info)
     results = {c: store.load(c) for c in owned} if store else {}
     todo = [c for c in owned if results.get(c) is None]
+    if store and len(todo) < len(owned):
+        label = f"rank {info.rank}: " if info.world_size > 1 else ""
+        print(f"{label}resuming: {len(owned) - len(todo)} of {len(owned)} chunks already in {work_dir}",
+              file=sys.stderr)
 
     if todo:
         scorer = PairScorer(model, task_id, zero_shot, precision, reuse_prefix)

@@ -26,6 +26,10 @@ IMAGE_KEYS = ("input_imgs", "image_loc", "image_attention_mask")
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class ScorerSetupError(ValueError):
+    """The model cannot produce the requested scores (no such head)."""
+
+
 def used_width(mask: torch.Tensor) -> int:
     """Columns up to the last one any row keeps (trailing all-padding columns can be dropped)."""
     keep = mask.bool().any(dim=0).nonzero()
@@ -54,10 +58,10 @@ class PairScorer:
         bert = getattr(model, "bert", None)
         self.split = bool(reuse_prefix and isinstance(bert, VLBertModel) and bert.pair_independent_depth > 0)
         if zero_shot and getattr(getattr(model, "cls", None), "bi_seq_relationship", None) is None:
-            raise ValueError("--zero_shot needs the pretraining model's image-text matching head "
+            raise ScorerSetupError("--zero_shot needs the pretraining model's image-text matching head "
                              f"(fusion_method {model.config.fusion_method!r} has none)")
         if not zero_shot and task_id not in getattr(model, "clfs_dict", {}):
-            raise ValueError(f"the model has no head for {task_id}")
+            raise ScorerSetupError(f"the model has no head for {task_id}")
         self.gallery = self.image_states = None
         self.captions = self.text_states = None
 

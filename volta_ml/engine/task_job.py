@@ -60,7 +60,7 @@ def build_task_job(args, info: DistInfo) -> TrainJob:
     from volta_ml.models import build_model, load_checkpoint, load_config
     from volta_ml.tasks import family_for
     from volta_ml.tasks.config import PathResolver, entry_path, get_task_entry, load_task_config
-    from volta_ml.tasks.regions import open_region_view
+    from volta_ml.tasks.regions import features_path, open_region_view
 
     task_config = load_task_config(args.tasks_config_file)
     task_id, entry = get_task_entry(task_config, args.task)
@@ -80,9 +80,8 @@ def build_task_job(args, info: DistInfo) -> TrainJob:
                        "keeps its random initialisation", entry["name"])
 
     cache = TokenCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
-    serialized = entry.get("format") == "serialized_lmdb"
-    train_features = entry_path(entry, "features_h5path1", args.train_features_lmdbpath)
-    val_features = entry_path(entry, "features_h5path2" if serialized else "features_h5path1")
+    train_features = features_path(entry, "train", args.train_features_lmdbpath)
+    val_features = features_path(entry, "val")
     train_view = open_region_view(train_features, model_config, entry)
     val_view = train_view if val_features == train_features else open_region_view(val_features, model_config, entry)
     train_set = family.build_dataset(entry, args.train_split, tokenizer, train_view, token_cache=cache,

@@ -14,6 +14,7 @@ import math
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -137,12 +138,19 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
         if info.is_main:
             ckpt.save_model_bin(model, job.run_dir / f"pytorch_model_{tag}.bin")
 
+    # --max_val_batches N stops when the batch index equals N-1: N-1 batches (quirk kept)
+    end_max_batches = args.max_val_batches - 1 if args.max_val_batches > 0 else None
+    val_loaders = {}
+
     def run_validation(micro_total: int, max_batches: int | None) -> float:
         if job.val_dataset is None:
             return -1.0
         log.line(f"Eval task {job.task_id} on iteration {micro_total}")
-        vloader = val_loader(job.val_dataset, args.eval_batch_size, info, args, job.collate_fn, max_batches)
-        loss, score, _ = validate(model, vloader, job.forward_and_loss, job.task_id, info, precision)
+        if max_batches not in val_loaders:
+            val_loaders[max_batches] = val_loader(job.val_dataset, args.eval_batch_size, info, args, job.collate_fn,
+                                                  max_batches)
+        loss, score, _ = validate(model, val_loaders[max_batches], job.forward_and_loss, job.task_id, info,
+                                  precision)
         log.line(f"Validation [{job.task_name}]: loss {loss:.3f} score {score * 100:.3f} ")
         log.scalars("val", job.task_name, global_step, loss=loss, score=score)
         return score
@@ -151,20 +159,22 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
         save_bin(-1)
         save_latest(-1, 0, 0)
 
-    # --max_val_batches N stops when the batch index equals N-1: N-1 batches (quirk kept)
-    end_max_batches = args.max_val_batches - 1 if args.max_val_batches > 0 else None
     window = torch.zeros(3, dtype=torch.float64, device=info.device)  # loss sum, score sum, examples
     window_micro = 0
+    timing = {"seconds": 0.0, "micro": 0, "steps": 0}  # training time without validation
     with PreemptionFlag() as stop, contextlib.closing(log):
         for epoch in range(start_epoch, args.num_epoch):
             first_micro = start_micro if epoch == start_epoch else 0
             loader.sampler.set_epoch(epoch)
             loader.sampler.skip_next_epoch(first_micro * batch)
             loader.generator.manual_seed(args.seed * 100003 + epoch)
+            if hasattr(job.train_dataset, "set_epoch"):  # per-epoch random draws seeded by (seed, epoch, index)
+                job.train_dataset.set_epoch(epoch)
             model.train()
             step_loss = torch.zeros((), dtype=torch.float64, device=info.device)
             bar = tqdm(total=micro_per_epoch, initial=first_micro, desc=f"{job.task_name} epoch {epoch}",
                        disable=not info.is_main, dynamic_ncols=True, file=sys.stderr, mininterval=2.0)
+            started, steps_before = time.perf_counter(), global_step
             for micro, batch_data in enumerate(loader, start=first_micro):
                 batch_data = move_to_device(batch_data, info.device)
                 is_step = (micro + 1) % grad_acc == 0
@@ -219,13 +229,24 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
                 iter_id = micro // grad_acc + epoch * micro_per_epoch
                 if iter_id != 0 and iter_id % (args.eval_steps - 1) == 0 and micro % grad_acc == 0:
                     bar.clear()
+                    paused = time.perf_counter()
                     score = run_validation(epoch * micro_per_epoch + micro + 1, None)
+                    started += time.perf_counter() - paused
                     model.train()
                     if score > best:
                         best = score
                         save_bin(iter_id)
                         save_bin("best")
             bar.close()
+            if info.device.type == "cuda":
+                torch.cuda.synchronize()
+            epoch_seconds = max(time.perf_counter() - started, 1e-9)
+            epoch_samples = (micro_per_epoch - first_micro) * batch * info.world_size
+            timing["seconds"] += epoch_seconds
+            timing["micro"] += micro_per_epoch - first_micro
+            timing["steps"] += global_step - steps_before
+            log.line(f"Epoch {epoch} throughput: {(global_step - steps_before) / epoch_seconds:.3f} steps/s, "
+                     f"{epoch_samples / epoch_seconds:.2f} samples/s")
 
             if info.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -241,6 +262,10 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
             stop_votes = all_reduce_sum(torch.tensor(float(stop.signum > 0), device=info.device), info)
             if stop_votes.item() > 0 and epoch + 1 < args.num_epoch:
                 raise Preempted(stop.signum or _peer_signal(), latest_path)
+        seconds = max(timing["seconds"], 1e-9)
+        samples = timing["micro"] * batch * info.world_size
+        log.line(f"Training throughput: {timing['steps']} optimizer steps, {samples} samples in {seconds:.1f}s "
+                 f"({timing['steps'] / seconds:.3f} steps/s, {samples / seconds:.2f} samples/s, validation excluded)")
     return best
 
 
@@ -295,7 +320,7 @@ def _start_summary(job, args, info, batch, micro_per_epoch, total_steps, warmup,
         f"clip {args.clip_grad_norm:g}",
         f"precision    {args.amp if args.amp != 'none' else 'float32'} on {info.device}, world size {info.world_size}",
         f"output       {job.run_dir}" + (f", TensorBoard {job.tb_dir}" if job.tb_dir else ""),
-        f"start        " + (f"resumed at step {global_step} (epoch {start_epoch}, micro-batch {start_micro})"
+        "start        " + (f"resumed at step {global_step} (epoch {start_epoch}, micro-batch {start_micro})"
                             if resumed else "fresh"),
     ] + [f"{key:<12} {value}" for key, value in job.summary.items()]
     logger.info("***** Training *****\n  " + "\n  ".join(lines))

@@ -1,8 +1,10 @@
 """Pieces the training loop uses: pre-emption signals, mixed precision, loaders, validation."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import multiprocessing
 import signal
 from dataclasses import dataclass
 from typing import Callable
@@ -62,6 +64,18 @@ def _ignore_preemption_in_worker(worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def _kill_leftover_workers() -> None:
+    """At exit after a crash, DataLoader workers may still be alive (a traceback holds their
+    iterator); multiprocessing would SIGTERM them, which they ignore, and wait forever."""
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join(timeout=5)
+
+
+atexit.register(_kill_leftover_workers)  # runs before multiprocessing's own exit hook (LIFO)
+
+
 @dataclass
 class Precision:
     """`--amp none|bf16|fp16`: autocast dtype plus a GradScaler that is only active for fp16."""
@@ -88,7 +102,9 @@ def train_loader(dataset: Dataset, batch_size: int, info: DistInfo, args, collat
                       worker_init_fn=_ignore_preemption_in_worker if workers else None,
                       # a private generator: creating an epoch's iterator must not draw from the
                       # global torch RNG, or a resumed run would see different dropout masks
-                      generator=torch.Generator(), persistent_workers=False)
+                      generator=torch.Generator(),
+                      # a dataset with set_epoch (retrieval negatives) must be re-sent to the workers each epoch
+                      persistent_workers=workers > 0 and not hasattr(dataset, "set_epoch"))
 
 
 def val_loader(dataset: Dataset, batch_size: int, info: DistInfo, args, collate_fn,
@@ -100,7 +116,8 @@ def val_loader(dataset: Dataset, batch_size: int, info: DistInfo, args, collate_
     workers = args.num_val_workers
     return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(len(dataset), info),
                       num_workers=workers, collate_fn=collate_fn, pin_memory=info.device.type == "cuda",
-                      worker_init_fn=_ignore_preemption_in_worker if workers else None)
+                      worker_init_fn=_ignore_preemption_in_worker if workers else None,
+                      persistent_workers=workers > 0)  # built once per run: no fork per evaluation
 
 
 def move_to_device(batch, device: torch.device):

@@ -164,3 +164,37 @@ class LmdbStoreMixin:
 
     def close(self) -> None:
         release_shared_env(self.path)
+
+
+class StoreWriter:
+    """Context-manager protocol shared by every writer: commit on success, keep a resumable partial
+    store (never a store that passes for complete) when the block raises."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def create_fresh_lmdb(path: str, overwrite: bool) -> lmdb.Environment:
+    """An empty LMDB directory at `path` for a legacy-layout writer (refuses to clobber without overwrite).
+
+    No writemap: VOLTA's writemap=True is what made data.mdb a sparse 1 TiB file."""
+    release_shared_env(path)
+    if os.path.exists(os.path.join(path, "data.mdb")):
+        if not overwrite:
+            raise FileExistsError(f"{path} already exists; pass overwrite=True")
+        import shutil
+        shutil.rmtree(path)
+    os.makedirs(path, exist_ok=True)
+    return lmdb.open(path, map_size=1 << 40, writemap=False, meminit=False)

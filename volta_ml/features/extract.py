@@ -17,10 +17,12 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from .detectors.presets import Preset
-from .detectors.select_butd import TooFewBoxes, butd_extract
+from .detectors.select_butd import DegenerateImage, TooFewBoxes, butd_extract
 from .detectors.x101_fpn import x101_extract_batch
 from .images import DEFAULT_MAX_PIXELS, ImageError, read_image_bgr
 
+# A systematic error (wrong weights, device trouble) stops the run instead of filling the manifest.
+MAX_MODEL_FAILURES_IN_A_ROW = 20
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
@@ -84,6 +86,10 @@ class FailureLog:
         self.count += 1
 
 
+def _as_is(item):
+    return item
+
+
 class _Decoded(Dataset):
     def __init__(self, items, max_pixels):
         self.items, self.max_pixels = items, max_pixels
@@ -141,9 +147,10 @@ def extract_images(model, preset: Preset, items: list[tuple[str, Path]], writer,
             todo.append((image_id, path))
     batch_size = preset.batch_size if preset.detector == "x101" else 1
     loader = DataLoader(_Decoded(todo, max_pixels), batch_size=None, shuffle=False, num_workers=num_workers,
-                        collate_fn=lambda x: x, prefetch_factor=4 if num_workers else None)
+                        collate_fn=_as_is, prefetch_factor=4 if num_workers else None)
     bar = tqdm(total=len(todo), desc=f"extract {preset.name}", unit="img", disable=not progress)
     pending: list[tuple[str, Path, np.ndarray]] = []
+    model_failures_in_a_row = 0
 
     def fail(image_id, path, stage, reason):
         failures.add(image_id, path, stage, reason)
@@ -178,7 +185,16 @@ def extract_images(model, preset: Preset, items: list[tuple[str, Path]], writer,
                                    else given_boxes[image_id], device=device)
             except TooFewBoxes as err:
                 fail(image_id, path, "selection", str(err))
+            except DegenerateImage as err:
+                fail(image_id, path, "decode", str(err))
+            except Exception as err:  # one odd image must not end a long run; it is listed
+                fail(image_id, path, "model", f"{type(err).__name__}: {err}")
+                model_failures_in_a_row += 1
+                if model_failures_in_a_row >= MAX_MODEL_FAILURES_IN_A_ROW:
+                    raise RuntimeError(f"{model_failures_in_a_row} images in a row failed inside the model; "
+                                       f"last error: {err}") from err
             else:
+                model_failures_in_a_row = 0
                 out, extra = _butd_record(out, vocab)
                 writer.put(image_id, out["features"], out["boxes"], int(out["img_w"]), int(out["img_h"]), **extra)
                 summary.extracted += 1
@@ -199,3 +215,20 @@ def pick_device(name: str = "auto") -> torch.device:
 
 def stage_path(out: str | Path) -> str:
     return os.fspath(out) + ".staging"
+
+
+def check_run_settings(out: str | Path, settings: dict) -> None:
+    """Refuse to resume an output made with another preset or mode (mixed features).
+
+    The settings of the first run are kept next to the store in `<out>.extract.json`."""
+    path = Path(os.fspath(out).rstrip("/") + ".extract.json")
+    if path.is_file():
+        previous = json.loads(path.read_text())
+        changed = {k: (previous.get(k), v) for k, v in settings.items() if previous.get(k) != v}
+        if changed:
+            detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+            raise ValueError(f"{out} was extracted with other settings ({detail}); "
+                             "use a new --out or remove the old store")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings, indent=2) + "\n")

@@ -4,8 +4,8 @@ Registered by `volta_ml/features/cli.py` through `register_extract(features_subp
 """
 from __future__ import annotations
 
-import argparse
 import os
+import pickle
 import shutil
 import sys
 from collections import Counter
@@ -63,7 +63,11 @@ def register_extract(subparsers) -> None:
 def run_convert_detector(args) -> int:
     from .detectors.checkpoints import convert_checkpoint
 
-    weights, manifest = convert_checkpoint(args.src, args.out, args.preset)
+    try:
+        weights, manifest = convert_checkpoint(args.src, args.out, args.preset)
+    except (ValueError, OSError, pickle.UnpicklingError) as err:  # mismatch, unsafe or unreadable file
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"wrote {weights} and {manifest}")
     return 0
 
@@ -103,9 +107,20 @@ def open_output(out: str, fmt: str, preset_name: str):
     return open_writer(staging, "native", append=True, **meta), staging
 
 
+def finish_output(out: str, staging: str | None, progress: bool = True) -> None:
+    """VOLTA LMDB: convert the finished staging store, then drop it."""
+    if staging is None:
+        return
+    from .convert import convert_store
+
+    convert_store(staging, out, to="volta-lmdb", progress=progress, overwrite=True)
+    shutil.rmtree(staging)
+
+
 def run_extract(args) -> int:
     from .detectors.checkpoints import load_weights
-    from .extract import FailureLog, extract_images, image_id_for, list_images, load_given_boxes, pick_device
+    from .extract import (FailureLog, check_run_settings, extract_images, image_id_for, list_images,
+                          load_given_boxes, pick_device)
     from .vocab import load_vg_vocab
 
     preset = get_preset(args.preset)
@@ -126,8 +141,17 @@ def run_extract(args) -> int:
         raise SystemExit(f"error: {len(dupes)} image ids occur more than once with --id-style {style} "
                          f"(e.g. {dupes[:3]}); use --id-style name")
     given = load_given_boxes(args.boxes) if args.boxes else None
+    weights = _resolve_weights(args, preset)
+    try:
+        check_run_settings(args.out, {"preset": preset.name, "batch_size": preset.batch_size,
+                                      "given_boxes": bool(args.boxes), "id_style": style})
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     device = pick_device(args.device)
-    model = load_weights(_resolve_weights(args, preset), preset).to(device)
+    try:
+        model = load_weights(weights, preset).to(device)
+    except (ValueError, pickle.UnpicklingError) as err:
+        raise SystemExit(f"error: {err}") from None
     vocab = load_vg_vocab() if args.with_names else None
     failures = FailureLog(args.failures or args.out.rstrip("/") + ".failures.jsonl")
 
@@ -136,11 +160,7 @@ def run_extract(args) -> int:
         summary = extract_images(model, preset, items, writer, failures, given_boxes=given, device=device,
                                  num_workers=args.num_workers, max_pixels=args.max_pixels, vocab=vocab,
                                  progress=not args.no_progress)
-    if staging is not None:
-        from .convert import convert_store
-
-        convert_store(staging, args.out, to="volta-lmdb", progress=not args.no_progress, overwrite=True)
-        shutil.rmtree(staging)
+    finish_output(args.out, staging, progress=not args.no_progress)
     rate = summary.extracted / summary.seconds if summary.seconds else 0.0
     print(f"{args.out}: {summary.extracted} extracted, {summary.already_present} already present, "
           f"{summary.failed} failed ({rate:.2f} img/s on {device})", file=sys.stderr)

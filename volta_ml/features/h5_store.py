@@ -12,7 +12,7 @@ import os
 import h5py
 import numpy as np
 
-from .base import FeatureStore
+from .base import FeatureStore, StoreWriter
 from .records import FeatureDimError, FeatureStoreError, IncompleteStoreError, make_record
 
 _REQUIRED = ("features", "boxes", "img_w", "img_h")
@@ -75,7 +75,7 @@ class H5Store(FeatureStore):
         return make_record(self.path, image_id, features, boxes, image_w, image_h, extra)
 
 
-class H5Writer:
+class H5Writer(StoreWriter):
     """Writes `<path>.partial` and renames it to `path` in close(); reopening resumes."""
 
     def __init__(self, path: str, overwrite: bool = False, **meta):
@@ -121,11 +121,3 @@ class H5Writer:
             self._file.close()  # leave <path>.partial for a resumed run
             self._closed = True
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

@@ -16,7 +16,8 @@ import shutil
 import lmdb
 import numpy as np
 
-from .base import FeatureStore, LmdbStoreMixin, release_shared_env, shared_readonly_env
+from .base import (FeatureStore, LmdbStoreMixin, StoreWriter, release_shared_env,
+                   shared_readonly_env)
 from .native_codec import decode_record, encode_record
 from .records import (FeatureDimError, FeatureRecord, FeatureStoreError, IncompleteStoreError,
                       make_record)
@@ -95,7 +96,7 @@ class NativeStore(LmdbStoreMixin, FeatureStore):
         return info
 
 
-class NativeWriter:
+class NativeWriter(StoreWriter):
     """Writer for the native store; see `open_writer`."""
 
     def __init__(self, path: str, feature_dtype: str = "float32", overwrite: bool = False,
@@ -163,7 +164,7 @@ class NativeWriter:
             return txn.get(META_KEY) is not None
 
     def _write_meta(self, complete: bool) -> None:
-        meta = json.dumps(self._meta(complete)).encode()
+        meta = json.dumps(self._meta(complete), default=str).encode()
         with self._env.begin(write=True) as txn:
             txn.put(META_KEY, meta)
 
@@ -225,11 +226,3 @@ class NativeWriter:
         self._env.close()
         self._closed = True
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

@@ -12,7 +12,7 @@ import shutil
 
 import numpy as np
 
-from .base import FeatureStore
+from .base import FeatureStore, StoreWriter
 from .records import FeatureStoreError, IncompleteStoreError, make_record
 from .safe_pickle import safe_load
 
@@ -87,7 +87,7 @@ class NpyStore(FeatureStore):
                            info["image_height"], extra, self.expected_dim)
 
 
-class NpyWriter:
+class NpyWriter(StoreWriter):
     """Writes into `<path>.partial/` and renames it to `path` in close(); reopening resumes."""
 
     def __init__(self, path: str, overwrite: bool = False, **meta):
@@ -128,11 +128,3 @@ class NpyWriter:
     def abort(self) -> None:
         self._closed = True  # keep <path>.partial for a resumed run
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

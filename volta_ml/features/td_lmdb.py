@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 
-import lmdb
 import msgpack
 import numpy as np
 from tqdm import tqdm
 
-from .base import FeatureStore, LmdbStoreMixin, release_shared_env, shared_readonly_env
+from .base import (FeatureStore, LmdbStoreMixin, StoreWriter, create_fresh_lmdb,
+                   shared_readonly_env)
 from .records import FeatureStoreError, IncompleteStoreError
 from .safe_pickle import safe_loads
 from .volta_lmdb import record_from_volta_dict
@@ -140,23 +140,31 @@ class TdLmdbStore(LmdbStoreMixin, FeatureStore):
         return unpack_value(value, self.path, record_key.decode())
 
     def iter_records(self):
-        """Sequential pass as VOLTA's loaders do: yields (record key, decoded record)."""
+        """Sequential pass as VOLTA's loaders do: yields (record key, decoded record).
+
+        A complete pass also builds the image-id index, so keyed reads after it cost no second scan.
+        """
+        index = {} if self._index is None else None
         with self.handle.begin() as txn:
             for key in self.record_keys:
                 value = txn.get(key)
                 if value is None:
                     raise FeatureStoreError(self.path, "listed in b'__keys__' but missing", key.decode())
-                yield key.decode(), unpack_value(value, self.path, key.decode())
+                item = unpack_value(value, self.path, key.decode())
+                if index is not None:
+                    for pos, (image_id, _) in enumerate(split_images(self.path, key.decode(), item)):
+                        index.setdefault(image_id, (key, pos))
+                yield key.decode(), item
+        if index is not None and self._index is None:
+            self._index = index
 
     def _build_index(self):
-        index = {}
         records = self.iter_records()
         if self.num_records > 2000:
             records = tqdm(records, total=self.num_records, desc=f"indexing {os.path.basename(self.path)}")
-        for key, item in records:
-            for pos, (image_id, _) in enumerate(split_images(self.path, key, item)):
-                index.setdefault(image_id, (key.encode(), pos))
-        return index
+        for _ in records:
+            pass
+        return self._index
 
     def keys_list(self) -> list[str]:
         if self._index is None:
@@ -186,22 +194,15 @@ class TdLmdbStore(LmdbStoreMixin, FeatureStore):
         return info
 
 
-class TdLmdbWriter:
+class TdLmdbWriter(StoreWriter):
     """Tensorpack-compatible writer: one record per `put`, b"__keys__" written in close()."""
 
     def __init__(self, path: str, serializer: str = "msgpack", overwrite: bool = False, **meta):
         if serializer not in ("msgpack", "pickle"):
             raise ValueError(f"serializer must be msgpack or pickle, not {serializer!r}")
         self.path = str(path)
-        release_shared_env(self.path)
-        if os.path.exists(os.path.join(self.path, "data.mdb")):
-            if not overwrite:
-                raise FileExistsError(f"{self.path} already exists; pass overwrite=True")
-            import shutil
-            shutil.rmtree(self.path)
-        os.makedirs(self.path, exist_ok=True)
         self.serializer = serializer
-        self._env = lmdb.open(self.path, map_size=1 << 40, writemap=False, meminit=False)
+        self._env = create_fresh_lmdb(self.path, overwrite)
         self._txn = self._env.begin(write=True)
         self._keys: list[bytes] = []
         self._ids: set[str] = set()
@@ -247,11 +248,3 @@ class TdLmdbWriter:
             self._env.close()
             self._closed = True
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

@@ -8,8 +8,12 @@ The file is indexed once (byte offset of each line) and read by seeking.
 """
 from __future__ import annotations
 
-import base64
 import binascii
+
+try:  # SIMD base64 (20x faster on 300 KB feature buffers); same strict semantics
+    from pybase64 import b64decode as _b64decode
+except ImportError:  # pragma: no cover - optional speed-up
+    from base64 import b64decode as _b64decode
 import os
 
 import numpy as np
@@ -34,7 +38,7 @@ def _columns_for(count: int):
 
 def _b64_array(store, key, name, text, dtype, rows):
     try:
-        raw = base64.b64decode(text, validate=True)
+        raw = _b64decode(text, validate=True)
     except (binascii.Error, ValueError) as err:
         raise FeatureStoreError(store, f"column {name!r} is not valid base64 ({err})", key) from None
     itemsize = np.dtype(dtype).itemsize

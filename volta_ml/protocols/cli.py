@@ -22,6 +22,32 @@ def register(subparsers) -> None:
     p.add_argument("--slurm_dir", default=None, help="where to write the scripts (default: <output_dir>/slurm)")
     p.set_defaults(func=cmd_sweep)
 
+    q = subparsers.add_parser("run", help="run IGLUE protocols for one model without writing a grid file",
+                              description="Shorthand for a one-model grid: writes <output_dir>/grid.yml from the "
+                                          "flags and sweeps it (same cells, skipping and Slurm support).")
+    q.add_argument("protocols", nargs="+", choices=["zero_shot", "translate_test", "few_shot", "translate_train"])
+    q.add_argument("--task", action="append", required=True, help="xvnli, xgqa, marvl, xflickrco, wit (repeatable)")
+    q.add_argument("--model", required=True, help="model name (rows of the tables), e.g. ctrl_xuniter")
+    q.add_argument("--config", required=True, help="model config JSON or shipped name")
+    q.add_argument("--bert_model", default=None)
+    q.add_argument("--do_lower_case", action="store_true")
+    q.add_argument("--is_m3p", action="store_true", default=None)
+    q.add_argument("--features", default=None, help="boxes36 (default) or X101")
+    start = q.add_mutually_exclusive_group(required=True)
+    start.add_argument("--finetuned", help="English fine-tuned checkpoint (template with {task} for several tasks)")
+    start.add_argument("--pretrained", help="pretrained checkpoint: fine-tune on English first")
+    q.add_argument("--data_root", required=True)
+    q.add_argument("--output_dir", required=True)
+    q.add_argument("--languages", nargs="+", default=None, help="target languages (zero-shot and few-shot)")
+    q.add_argument("--shots", nargs="+", default=None)
+    q.add_argument("--learning_rates", nargs="+", default=None)
+    q.add_argument("--seeds", nargs="+", type=int, default=None)
+    q.add_argument("--no_english", action="store_true", help="skip the English test")
+    how = q.add_mutually_exclusive_group()
+    how.add_argument("--local", action="store_true", help="run here (default)")
+    how.add_argument("--slurm", action="store_true", help="write sbatch job arrays")
+    q.set_defaults(func=cmd_run)
+
     r = subparsers.add_parser("report", help="IGLUE tables (CSV/Markdown/LaTeX) and plots from results and logs",
                               description="Tabulate sweep results (result.json) and IGLUE/VOLTA experiment logs "
                                           "(<model>/<task>/test.<lang>[_mt].err|out, "
@@ -93,6 +119,36 @@ def cmd_sweep(args) -> int:
         for cell_id in summary[key]:
             print(f"  {key}: {cell_id}")
     return 1 if summary["failed"] or summary["blocked"] else 0
+
+
+def cmd_run(args) -> int:
+    import argparse
+
+    import yaml
+
+    out = Path(args.output_dir).resolve()
+    model = {"config": str(Path(args.config).resolve()) if args.config.endswith(".json") else args.config}
+    for key in ("bert_model", "features", "finetuned", "pretrained"):
+        if getattr(args, key):
+            model[key] = getattr(args, key)
+    if args.do_lower_case:
+        model["do_lower_case"] = True
+    if args.is_m3p is not None:
+        model["is_m3p"] = args.is_m3p
+    grid = {"name": f"{args.model}-{'-'.join(args.protocols)}", "data_root": str(Path(args.data_root).resolve()),
+            "output_dir": str(out), "tasks": args.task, "protocols": args.protocols, "models": {args.model: model},
+            "include_english": not args.no_english}
+    for key in ("languages", "shots", "learning_rates", "seeds"):
+        if getattr(args, key):
+            grid[key] = getattr(args, key)
+    if args.languages:
+        grid["few_shot_languages"] = args.languages
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "grid.yml"
+    path.write_text(yaml.safe_dump(grid, sort_keys=False), encoding="utf-8")
+    print(f"grid written to {path}")
+    return cmd_sweep(argparse.Namespace(grid=str(path), local=not args.slurm, slurm=args.slurm, list=False,
+                                        only=[], max_cells=None, slurm_dir=None))
 
 
 def cmd_report(args) -> int:

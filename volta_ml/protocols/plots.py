@@ -25,6 +25,10 @@ def _save(fig, path: Path, written: list[Path]) -> None:
     written.append(path)
 
 
+def _bar_size(langs, models) -> tuple[float, float]:
+    return min(16.0, max(6.0, 0.3 * len(langs) * max(1, len(models)))), 4.0
+
+
 def _grouped_bars(ax, langs, models, value):
     width = 0.8 / max(len(models), 1)
     x = np.arange(len(langs))
@@ -33,7 +37,7 @@ def _grouped_bars(ax, langs, models, value):
         ax.bar(x + i * width - 0.4 + width / 2, [np.nan if h is None else h for h in heights], width, label=model)
     ax.set_xticks(x, langs)
     ax.axhline(0, color="black", linewidth=0.5)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", ncol=max(1, len(models) // 5))
 
 
 def write_plots(records: list[dict], out_dir: Path) -> list[Path]:
@@ -64,7 +68,10 @@ def write_plots(records: list[dict], out_dir: Path) -> list[Path]:
                         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color, label=model)
                         if lang in zero.get(model, {}):
                             ax.axhline(zero[model][lang], color=color, linestyle="--", linewidth=0.8)
-                    ax.set_xscale("symlog", linthresh=1)
+                    xs = sorted({shot_count(s) for s in few})
+                    ax.set_xscale("log")
+                    ax.set_xticks(xs, [f"{x:g}" for x in xs])
+                    ax.minorticks_off()
                     ax.set_xlabel("shots")
                     ax.set_ylabel(ylabel)
                     ax.set_title(f"{label} few-shot, {lang} (dashed: zero-shot)")
@@ -74,7 +81,7 @@ def write_plots(records: list[dict], out_dir: Path) -> list[Path]:
             if zero:
                 langs = sorted({l for langs in zero.values() for l in langs}, key=_lang_key(task))
                 models = sorted(zero, key=_model_key)
-                fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(langs) * max(1, len(models)) / 2), 3.5))
+                fig, ax = plt.subplots(figsize=_bar_size(langs, models))
                 _grouped_bars(ax, langs, models, lambda m, l: zero.get(m, {}).get(l))
                 ax.set_ylabel(ylabel)
                 ax.set_title(f"{label} zero-shot per language")
@@ -87,7 +94,7 @@ def write_plots(records: list[dict], out_dir: Path) -> list[Path]:
                     def gap(m, l):
                         a, b = mt.get(m, {}).get(l), zero.get(m, {}).get(l)
                         return None if a is None or b is None else a - b
-                    fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(langs) * max(1, len(models)) / 2), 3.5))
+                    fig, ax = plt.subplots(figsize=_bar_size(langs, models))
                     _grouped_bars(ax, langs, models, gap)
                     ax.set_ylabel(f"translate-test − zero-shot ({ylabel})")
                     ax.set_title(f"{label}: translate-test gain over zero-shot")

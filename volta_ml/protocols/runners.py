@@ -70,7 +70,7 @@ class Planner:
     def english_checkpoint(self, model: ModelSpec, task: str, seed: int) -> tuple[str, list[str], bool]:
         """(checkpoint path, cell ids it depends on, whether it varies with the seed)."""
         if task in model.finetuned:
-            spec = TASKS[task]
+            spec = self.spec(task)
             cfg = Path(model.config).stem
             path = model.finetuned[task].format(task=task, model=model.name, name=spec.train_name, cfg=cfg,
                                                 checkpoint_root=self.grid.checkpoint_root)

@@ -22,11 +22,15 @@ STAGE_TIME = {"finetune": "24:00:00", "translate_train": "24:00:00", "few_shot_t
 RESOURCE_FLAGS = {"partition": "--partition", "gres": "--gres", "cpus_per_task": "--cpus-per-task",
                   "mem": "--mem", "time": "--time", "account": "--account", "qos": "--qos",
                   "constraint": "--constraint", "nodes": "--nodes", "ntasks": "--ntasks"}
-SLURM_KEYS = {"max_parallel", "setup", "sbatch_args", "dependency", "stages", "workdir"} | set(RESOURCE_FLAGS)
+SLURM_KEYS = {"max_parallel", "max_array_size", "setup", "sbatch_args", "dependency", "stages", "workdir"} | set(RESOURCE_FLAGS)
 
 
 def _q(args) -> str:
     return " ".join(shlex.quote(str(a)) for a in args)
+
+
+def max_array_size(slurm: dict) -> int:
+    return int(slurm.get("max_array_size", 1000))
 
 
 def stage_dependencies(cells: list[Cell], by_id: dict[str, Cell]) -> list[str]:
@@ -50,7 +54,8 @@ def array_script(name: str, stage: str, cells: list[Cell], slurm: dict, env: dic
         raise SystemExit(f"slurm.stages.{stage}: unknown resource(s) {sorted(unknown)}; "
                          f"known: {sorted(RESOURCE_FLAGS)}")
     limit = f"%{slurm['max_parallel']}" if slurm.get("max_parallel") else ""
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}-{stage}", f"#SBATCH --array=0-{len(cells) - 1}{limit}",
+    first = min(len(cells), max_array_size(slurm))
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}-{stage}", f"#SBATCH --array=0-{first - 1}{limit}",
              f"#SBATCH --output={log_dir}/{stage}_%A_%a.out", f"#SBATCH --error={log_dir}/{stage}_%A_%a.err"]
     lines += [f"#SBATCH {RESOURCE_FLAGS[k]}={v}" for k, v in res.items() if v not in (None, "")]
     lines += [f"#SBATCH {a}" for a in slurm.get("sbatch_args", [])]
@@ -67,7 +72,10 @@ def array_script(name: str, stage: str, cells: list[Cell], slurm: dict, env: dic
         lines += ['if [[ -z "${VOLTA_ML_DRY_RUN:-}" ]]; then'] + [f"  {s}" for s in setup] + ["fi"]
     if slurm.get("workdir"):
         lines.append(f"cd {shlex.quote(str(slurm['workdir']))}")
-    lines += ["", 'case "${SLURM_ARRAY_TASK_ID:?not running as a Slurm array task}" in']
+    # Slurm caps array indices (MaxArraySize, 1001 by default): submit.sh submits big stages in chunks,
+    # each with VOLTA_ML_INDEX_OFFSET exported, so cell = offset + array index
+    lines += ["", 'CELL_INDEX=$(( ${SLURM_ARRAY_TASK_ID:?not running as a Slurm array task} + ${VOLTA_ML_INDEX_OFFSET:-0} ))',
+              'case "$CELL_INDEX" in']
     for index, cell in enumerate(cells):
         lines.append(f"  {index})")
         lines.append(f"    CELL_DIR={shlex.quote(cell.dir)}")
@@ -80,7 +88,7 @@ def array_script(name: str, stage: str, cells: list[Cell], slurm: dict, env: dic
         for command in cell.commands:
             lines.append(f"    run {_q([command.stdout, command.stderr])} {_q(command.argv)}")
         lines.append("    ;;")
-    lines += ['  *) echo "no cell for array index $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac", ""]
+    lines += ['  *) echo "no cell for index $CELL_INDEX (array index $SLURM_ARRAY_TASK_ID)" >&2; exit 2 ;;', "esac", ""]
     return "\n".join(lines)
 
 
@@ -104,9 +112,17 @@ def write_slurm(name: str, cells: list[Cell], out_dir: Path, slurm: dict, env: d
         script.write_text(array_script(name, stage, groups[stage], slurm, env, log_dir, step), encoding="utf-8")
         deps = stage_dependencies(groups[stage], by_id)
         dep_flag = f" --dependency={dependency}:" + ":".join(f"${{{d}}}" for d in deps) if deps else ""
-        submit.append(f'{stage}=$("$SBATCH" --parsable{dep_flag} {stage}.sbatch)')
-        submit.append(f'{stage}="${{{stage}%%;*}}"   # --parsable may append ";cluster"')
-        submit.append(f'echo "{stage}: job array ${{{stage}}} ({len(groups[stage])} cells)"')
+        n, chunk = len(groups[stage]), max_array_size(slurm)
+        limit = f"%{slurm['max_parallel']}" if slurm.get("max_parallel") else ""
+        ids = []
+        for k, offset in enumerate(range(0, n, chunk)):
+            size = min(chunk, n - offset)
+            extra = f" --array=0-{size - 1}{limit} --export=ALL,VOLTA_ML_INDEX_OFFSET={offset}" if n > chunk else ""
+            submit.append(f'j=$("$SBATCH" --parsable{dep_flag}{extra} {stage}.sbatch); {stage}_{k}="${{j%%;*}}"'
+                          f'   # --parsable may append ";cluster"')
+            ids.append(f"${{{stage}_{k}}}")
+        submit.append(f'{stage}="{":".join(ids)}"')
+        submit.append(f'echo "{stage}: job array(s) ${{{stage}}} ({n} cells)"')
     path = out_dir / "submit.sh"
     path.write_text("\n".join(submit) + "\n", encoding="utf-8")
     path.chmod(0o755)

@@ -55,7 +55,8 @@ def record(cell_dir: Path) -> int:
         else:
             metrics = scorer_metrics(cell.scorer, cell_dir / "test.out", cell_dir / "test.err",
                                      first_validation=(cell.stage == "few_shot_test" and cell.task == "xvnli"))
-            extra = {"metrics": metrics, "checkpoint": cell.extra.get("checkpoint")}
+            checkpoint = cell.extra.get("checkpoint")
+            extra = {"metrics": metrics, "checkpoint": os.path.realpath(checkpoint) if checkpoint else None}
             selection = cell_dir / "selection.json"
             if selection.exists():
                 import json

@@ -135,6 +135,15 @@ class _LazyPath:
     def get(self) -> str | None:
         return self.resolver(self.raw, self.key, self.source)
 
+    # so code that treats the entry's values as paths (os.path.join, open, str) keeps working
+    def __fspath__(self) -> str:
+        return self.get() or ""
+
+    __str__ = __fspath__
+
+    def __repr__(self) -> str:
+        return f"<path {self.raw!r} ({self.key})>"
+
 
 def entry_path(entry: dict, key: str, override: str | None = None) -> str | None:
     """The path for `key`: the CLI override if given, else the (resolved) config value; None when empty."""

@@ -161,11 +161,8 @@ class RetrievalDataset(TaskDataset):
         hard_text = self._hard_caption(rng, image) if self.hard_negatives else self._other_caption(rng, image)
         options = [(self.images[image], index), (self.images[image], negative_text),
                    (negative_image, index), (self.images[image], hard_text)]
-        parts = []
-        for image_key, text_index in options:
-            part = region_arrays(self.region_view, image_key)
-            part.update(self._text(text_index))
-            parts.append(part)
+        regions = {key: region_arrays(self.region_view, key) for key in dict.fromkeys(k for k, _ in options)}
+        parts = [dict(regions[image_key], **self._text(text_index)) for image_key, text_index in options]
         item = {key: np.stack([p[key] for p in parts]) for key in parts[0]}
         item["target"] = np.array(0, dtype=np.int64)
         item["question_id"] = index

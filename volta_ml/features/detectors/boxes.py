@@ -47,8 +47,8 @@ def legacy_cell_anchors(stride: int, size: int, ratios) -> torch.Tensor:
 
 def grid_anchors(cell: torch.Tensor, stride: int, height: int, width: int) -> torch.Tensor:
     """Anchors for every feature-map cell, flattened in (row, column, anchor) order."""
-    shift_x = torch.arange(0, width * stride, step=stride, dtype=torch.float32)
-    shift_y = torch.arange(0, height * stride, step=stride, dtype=torch.float32)
+    shift_x = torch.arange(0, width * stride, step=stride, dtype=torch.float32, device=cell.device)
+    shift_y = torch.arange(0, height * stride, step=stride, dtype=torch.float32, device=cell.device)
     sy, sx = torch.meshgrid(shift_y, shift_x, indexing="ij")
     sx, sy = sx.reshape(-1), sy.reshape(-1)
     shifts = torch.stack((sx, sy, sx, sy), dim=1)
@@ -101,7 +101,7 @@ def legacy_nms(boxes: torch.Tensor, scores: torch.Tensor, threshold: float) -> t
     the largest double below float32(t) turns its strict '>' into '>='.
     """
     if boxes.numel() == 0:
-        return torch.zeros(0, dtype=torch.int64)
+        return torch.zeros(0, dtype=torch.int64, device=boxes.device)
     shifted = boxes.clone()
     shifted[:, 2:] += 1
     thr = float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))

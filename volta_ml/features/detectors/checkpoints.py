@@ -12,7 +12,6 @@ Names go through the strict key maps of keymap.py (every key used, shapes checke
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import pickle
 from pathlib import Path
@@ -38,6 +37,8 @@ _ALLOWED_GLOBALS = {
     ("numpy", "ndarray"),
     ("numpy", "dtype"),
     ("collections", "OrderedDict"),
+    # Python 3 pickles of bytes at protocol <= 2 rebuild them with codecs.encode(str, "latin1").
+    ("_codecs", "encode"),
 }
 
 

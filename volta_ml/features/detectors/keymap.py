@@ -80,6 +80,7 @@ def load_mapped(model: nn.Module, source: dict, rename, source_name: str = "chec
     """
     target = model.state_dict()
     mapped: dict[str, torch.Tensor] = {}
+    seen: set[str] = set()
     errors = []
     for key, value in source.items():
         if is_anchor_buffer(key):
@@ -92,13 +93,14 @@ def load_mapped(model: nn.Module, source: dict, rename, source_name: str = "chec
             errors.append(f"key {key!r} maps to {name!r}, which another key already filled")
             continue
         tensor = torch.as_tensor(value)
+        seen.add(name)
         if tuple(tensor.shape) != tuple(target[name].shape):
             errors.append(f"shape mismatch for {key!r}: file {tuple(tensor.shape)}, "
                           f"model {tuple(target[name].shape)}")
             continue
         mapped[name] = tensor.to(target[name].dtype)
     for name in target:
-        if name not in mapped:
+        if name not in seen:
             if name.endswith("running_mean"):
                 mapped[name] = torch.zeros_like(target[name])
             elif name.endswith("running_var"):

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import nms
 
-from .boxes import clip_boxes, decode_boxes, grid_anchors, legacy_nms
+from .boxes import clip_boxes, decode_boxes, legacy_nms
 
 
 class RPNHead(nn.Module):

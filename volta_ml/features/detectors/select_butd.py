@@ -10,6 +10,14 @@ from .butd import NUM_ATTRIBUTES, NUM_CLASSES, BUTDDetector
 from .presets import Preset
 
 
+class DegenerateImage(ValueError):
+    """The resized image is too thin for the backbone (the original crashes on it)."""
+
+
+# Stem + res2..res4 reduce a side by 16; below this the Caffe max-pool has no output.
+MIN_RESIZED_SIDE = 32
+
+
 class TooFewBoxes(Exception):
     """VOLTA's `assert num_objects == 36` failed: the image gets no entry.
 
@@ -65,6 +73,9 @@ def butd_extract(model: BUTDDetector, img_bgr: np.ndarray, preset: Preset, given
     raw_h, raw_w = img_bgr.shape[:2]
     resized = butd_resize(img_bgr, preset.min_size, preset.max_size)
     h, w = resized.shape[:2]
+    if min(h, w) < MIN_RESIZED_SIDE:
+        raise DegenerateImage(f"{raw_w}x{raw_h} image resizes to {w}x{h}; a side under {MIN_RESIZED_SIDE} px "
+                              "is too thin for the detector")
     res4 = model.res4(butd_input(resized).to(device))
     out: dict = {}
     if debug:

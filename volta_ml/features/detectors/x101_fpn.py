@@ -4,7 +4,6 @@ Features spec section 3 / golden README section 5. Legacy "+1" conventions throu
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch
@@ -87,7 +86,7 @@ class X101Detector(nn.Module):
 def x101_select(dets: torch.Tensor, probs: torch.Tensor, num_features: int, nms_thresh: float = 0.5,
                 conf_thresh: float = 0.0):
     """MMF's per-class selection: legacy NMS per foreground class raises max_conf; top `num_features`."""
-    max_conf = torch.zeros(len(dets), dtype=probs.dtype)
+    max_conf = torch.zeros(len(dets), dtype=probs.dtype, device=probs.device)
     for c in range(1, probs.shape[1]):
         scores = probs[:, c]
         keep = legacy_nms(dets, scores, nms_thresh)
@@ -106,9 +105,11 @@ def x101_extract_batch(model: X101Detector, images_bgr: list[np.ndarray], preset
     outputs = model(batch, preset.fpn_post_nms_top_n)
     results = []
     for b, (img, (_, scale), (boxes, scores, fc6, probs)) in enumerate(zip(images_bgr, prepared, outputs)):
-        boxes, scores, fc6, probs = boxes.cpu(), scores.cpu(), fc6.cpu(), probs.cpu()
         dets = boxes / scale
+        # The 1600 per-class NMS calls run where the tensors are (one kernel each on CUDA).
         keep, max_conf = x101_select(dets, probs, preset.num_features)
+        boxes, scores, fc6, probs = boxes.cpu(), scores.cpu(), fc6.cpu(), probs.cpu()
+        dets, keep, max_conf = dets.cpu(), keep.cpu(), max_conf.cpu()
         fg = probs[keep][:, 1:]
         out = {
             "features": fc6[keep].numpy(),

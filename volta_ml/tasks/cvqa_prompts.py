@@ -1,0 +1,105 @@
+"""The texts CVQA questions are scored with, and their tokenisation with the option protected from truncation.
+
+Conditions are EN / LOC (English translation or local-language question and options) x location-aware /
+location-agnostic (with or without the `Location: {country}.` sentence). The `paper` templates are the CVQA
+paper's prompts; an image-text matching model sees one text per option, so `{options}` holds that one option:
+
+    aware:    Location: {country}. Question: {question} Options: {option} Short Answer:
+    agnostic: Question: {question} Options: {option} Short Answer:
+
+The `plain` templates are the paper's CLIP protocol ("question + option"). Each text is a head (location and
+question) and a tail (the option with its frame); truncation shortens the head only, so the option survives.
+Changing a template changes results: bump PROMPTS_VERSION (it is written into every result file).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cvqa_data import CVQAQuestion
+
+PROMPTS_VERSION = "cvqa-prompts-v1"
+CONDITIONS = ("en-aware", "en-agnostic", "loc-aware", "loc-agnostic")
+TEMPLATES = {
+    "paper": {
+        "aware": ("Location: {country}. Question: {question}", "Options: {option} Short Answer:"),
+        "agnostic": ("Question: {question}", "Options: {option} Short Answer:"),
+    },
+    "plain": {
+        "aware": ("Location: {country}. {question}", "{option}"),
+        "agnostic": ("{question}", "{option}"),
+    },
+}
+
+
+def parse_condition(condition: str) -> tuple[str, str]:
+    """`"loc-aware"` -> ("loc", "aware")."""
+    if condition not in CONDITIONS:
+        raise ValueError(f"unknown CVQA condition {condition!r}; known: {', '.join(CONDITIONS)}")
+    language, location = condition.split("-")
+    return language, location
+
+
+def option_texts(question: CVQAQuestion, condition: str, template: str = "paper") -> list[tuple[str, str]]:
+    """The four (head, tail) text pieces of `question` under `condition`; the full text is `head + " " + tail`."""
+    language, location = parse_condition(condition)
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown CVQA template set {template!r}; known: {', '.join(TEMPLATES)}")
+    head_format, tail_format = TEMPLATES[template][location]
+    text, options = (question.question_en, question.options_en) if language == "en" else \
+        (question.question, question.options)
+    head = head_format.format(country=question.country, question=text)
+    return [(head, tail_format.format(option=option)) for option in options]
+
+
+def full_texts(question: CVQAQuestion, condition: str, template: str = "paper") -> list[str]:
+    return [f"{head} {tail}" for head, tail in option_texts(question, condition, template)]
+
+
+@dataclass
+class EncodedTexts:
+    ids: np.ndarray           # [N, max_len] int64, padded with the tokenizer's pad id
+    lengths: np.ndarray       # [N] real lengths (special tokens included)
+    head_cut: np.ndarray      # [N] bool: the question (head) lost tokens to truncation
+    option_cut: np.ndarray    # [N] bool: even the option (tail) did not fit
+    unk: np.ndarray           # [N] number of unknown-token ids
+
+
+def special_tokens_around(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after one sequence (`[CLS]`/`[SEP]`, `<s>`/`</s>`)."""
+    probe = "a"
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+    for i in range(len(full) - len(plain) + 1):
+        if full[i:i + len(plain)] == plain:
+            return list(full[:i]), list(full[i + len(plain):])
+    raise ValueError(f"cannot tell where {type(tokenizer).__name__} puts its special tokens")
+
+
+def encode_option_texts(tokenizer, pieces: list[tuple[str, str]], max_len: int) -> EncodedTexts:
+    """Tokenise (head, tail) pairs into `[CLS] head tail [SEP]` (or the tokenizer's own special tokens) of at
+    most `max_len` ids, dropping tokens from the end of the head first."""
+    prefix, suffix = special_tokens_around(tokenizer)
+    budget = max_len - len(prefix) - len(suffix)
+    if budget < 1:
+        raise ValueError(f"max_seq_length {max_len} leaves no room for text")
+    heads = tokenizer([h for h, _ in pieces], add_special_tokens=False)["input_ids"]
+    tails = tokenizer([t for _, t in pieces], add_special_tokens=False)["input_ids"]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    unk_id = tokenizer.unk_token_id
+    n = len(pieces)
+    out = EncodedTexts(np.full((n, max_len), pad, dtype=np.int64), np.zeros(n, dtype=np.int64),
+                       np.zeros(n, dtype=bool), np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64))
+    for i, (head, tail) in enumerate(zip(heads, tails)):
+        if len(tail) > budget:
+            out.option_cut[i] = True
+            tail = tail[:budget]
+        keep = budget - len(tail)
+        out.head_cut[i] = len(head) > keep
+        row = prefix + list(head[:keep]) + list(tail) + suffix
+        out.ids[i, :len(row)] = row
+        out.lengths[i] = len(row)
+        if unk_id is not None:
+            out.unk[i] = sum(1 for t in row if t == unk_id)
+    return out
