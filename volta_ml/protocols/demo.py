@@ -49,6 +49,9 @@ def _train_args(entry: dict, seed: int, threads: int):
     args.batch_size = entry["batch_size"]
     args.eval_batch_size = entry["eval_batch_size"]
     args.lr = entry["lr"]
+    # IGLUE's fine-tuning settings (its scripts pass these flags): bias-corrected AdamW, clipped gradients.
+    args.adam_correct_bias = True
+    args.clip_grad_norm = 1.0
     args.num_workers = 0
     args.num_val_workers = 0
     args.save_best_only = True

@@ -77,7 +77,7 @@ def task_entry(data_root: Path, store: Path, size_name: str) -> dict:
         "train_annotations_jsonpath": "", "val_annotations_jsonpath": "",
         "max_seq_length": 24, "max_region_num": 6,  # <= 4 shapes + the global row, with room
         "batch_size": 32, "eval_batch_size": 128, "train_split": "train", "val_split": "dev",
-        "lr": 0.0002, "num_epoch": 2 if small else 5,
+        "lr": 0.0002, "num_epoch": 6 if small else 8,
     }
 
 
