@@ -8,10 +8,10 @@ import sys
 DESCRIPTION = """\
 Run the whole volta-ml pipeline for real on a laptop CPU, with nothing downloaded:
 
-  1/5 data      draws synthetic scenes of 2-4 coloured shapes (PNG) and writes a visual-entailment task in
+  1/5 data      draws synthetic scenes of one coloured shape (PNG) and writes a visual-entailment task in
                 IGLUE's XVNLI files: English train/dev/test, de/fr/es test sets, and their translations back
                 to English (annotations_machine-translate/, for translate-test). The label depends on the
-                colour and shape of the drawn regions; without the image the best guess scores 50%%.
+                colour and shape of the drawn region; without the image the best guess scores 50%.
   2/5 extract   extracts region features for the drawn shapes' boxes (given-box mode) with the real BUTD
                 R101-C4 extractor code (preset volta-butd36, input scaled to 240/320) on a small ResNet trunk
                 with RANDOM seeded weights (no detector weights exist offline), into the native feature store.
@@ -28,7 +28,7 @@ Swapping in real data: each stage is a real volta-ml command on real files.
                          (see docs/features.md; --boxes for given-box mode)
   - features + IGLUE annotations -> fine-tuned model:  volta-ml train (train_task.py flags) with
                          config_tasks/iglue_trainval_tasks_boxes36.yml and --data_root <IGLUE datasets>
-  - zero-shot / translate-test / few-shot over languages and tables:  volta-ml protocols ... / volta-ml report
+  - zero-shot / translate-test / few-shot over languages and tables:  volta-ml sweep GRID --local|--slurm / volta-ml report
 The demo writes demo_tasks.yml, an IGLUE task config pointing at its own files: the same commands read it.
 """
 
