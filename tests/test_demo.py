@@ -20,11 +20,13 @@ def test_scenes_labels_follow_the_drawn_objects(tmp_path):
     data = demo_data.generate(tmp_path, demo_data.DemoSize(12, 2, 3), seed=5)
     boxes = json.loads(data.boxes_path.read_text())
     for scene in data.scenes["train"]:
-        assert len(scene.objects) == len(boxes[scene.image_id]) >= 2
+        assert len(scene.objects) == len(boxes[scene.image_id]) == 1
         assert (data.images_dir / f"{scene.image_id}.png").is_file()
         drawn = set(scene.objects)
         for hyp in scene.hypotheses:
             present = tuple(hyp["object"]) in drawn
+            if not present:   # an absent object differs from the drawn one in colour and in shape
+                assert all(hyp["object"][0] != c and hyp["object"][1] != s for c, s in drawn)
             expected = {("exists", True): "entailment", ("exists", False): "contradiction",
                         ("property", True): "neutral", ("property", False): "contradiction"}
             assert hyp["label"] == expected[(hyp["kind"], present)]

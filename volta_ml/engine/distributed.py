@@ -95,6 +95,10 @@ def init_distributed(local_rank_flag: int = -1, device: str | None = None) -> Di
 
 def shutdown(info: DistInfo) -> None:
     if info.initialized and dist.is_initialized():
+        # Every rank reaches this point before any tears down: rank 0 hosts the rendezvous store, and a
+        # rank still destroying its gloo group after rank 0 exited aborts ("terminate called ...").
+        if info.world_size > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 
