@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+
+from volta_ml.atomic import atomic_open
 
 logger = logging.getLogger(__name__)
 
@@ -41,32 +42,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """torch.save to a temp file next to `path`, fsync, then rename over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with atomic_open(path, "wb") as handle:
+        torch.save(obj, handle)
 
 
 def remove_stale_temp_files(directory: str | os.PathLike) -> list[Path]:

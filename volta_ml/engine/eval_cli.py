@@ -9,17 +9,16 @@ Output contract (IGLUE scripts and result scrapers depend on it):
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 import sys
-import tempfile
 import time
 
 import numpy as np
 import torch
 
+from volta_ml.atomic import atomic_write_json
 from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
 from volta_ml.engine.evaluate import EvalResult, evaluate
 from volta_ml.engine.flags import VoltaArgumentParser, add_eval_task_flags, resolve_tokenizer_args
@@ -55,15 +54,7 @@ def validation_line(name: str, loss: float, score: float) -> str:
 
 def write_json(path: str, data) -> None:
     """Atomic write, so a crash never leaves a truncated result file for the scrapers."""
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, ensure_ascii=False)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write_json(path, data, ensure_ascii=False)
 
 
 def pick_device(requested: str | None) -> torch.device:

@@ -8,10 +8,10 @@ repeats finished work and an interrupted cell simply runs again.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from volta_ml.atomic import atomic_write_json
 
 CELL_FILE = "cell.json"
 RESULT_FILE = "result.json"
@@ -64,17 +64,7 @@ class Cell:
 
 def write_json_atomic(path: Path, data) -> None:
     """Write JSON through a temporary file and a rename, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_json(path, data, indent=1, sort_keys=True)
 
 
 def read_result(cell_dir: Path) -> dict | None:
