@@ -47,7 +47,7 @@ def test_each_photo_is_extracted_once_and_reruns_resume(release, tmp_path):
     detector = tiny_model("butd")
     out = tmp_path / "cvqa_feats"
     summary = extract_cvqa_features(dataset, detector, SMALL_BUTD, out, progress=False)
-    assert (summary.images, summary.extracted, summary.failed) == (2, 1, 1) and summary.failed_ids == ["1002"]
+    assert (summary.total, summary.extracted, summary.failed) == (2, 1, 1) and summary.failed_ids == ["1002"]
     failure = json.loads((tmp_path / "cvqa_feats.failures.jsonl").read_text().splitlines()[0])
     assert failure["image_id"] == "1002" and failure["stage"] == "decode"
     store = open_store(out)

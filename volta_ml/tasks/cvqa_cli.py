@@ -100,7 +100,7 @@ def run_extract_command(args) -> int:
                                     max_pixels=args.max_pixels or DEFAULT_MAX_PIXELS, max_side=args.max_side,
                                     failures_path=args.failures, progress=not args.no_progress)
     print(f"{args.out}: {summary.extracted} extracted, {summary.already_present} already present, "
-          f"{summary.failed} failed of {summary.images} images ({summary.seconds:.1f} s)", file=sys.stderr)
+          f"{summary.failed} failed of {summary.total} images ({summary.seconds:.1f} s)", file=sys.stderr)
     return 0
 
 

@@ -10,7 +10,6 @@ size is what the store records, so normalised box locations are unchanged.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,19 +17,10 @@ from tqdm import tqdm
 
 from volta_ml.features import open_writer
 from volta_ml.features.detectors.presets import Preset
+from volta_ml.features.extract import ExtractSummary
 from volta_ml.features.images import DEFAULT_MAX_PIXELS, ImageError, decode_image_bytes
 
 from .cvqa_data import CVQADataset
-
-
-@dataclass
-class CVQAExtractSummary:
-    images: int = 0
-    extracted: int = 0
-    already_present: int = 0
-    failed: int = 0
-    seconds: float = 0.0
-    failed_ids: list[str] = field(default_factory=list)
 
 
 def shrink_to(img: np.ndarray, max_side: int | None) -> np.ndarray:
@@ -46,7 +36,7 @@ def shrink_to(img: np.ndarray, max_side: int | None) -> np.ndarray:
 
 def extract_cvqa_features(dataset: CVQADataset, detector, preset: Preset, out: str | Path, *, device="cpu",
                           max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int | None = None,
-                          failures_path: str | Path | None = None, progress: bool = True) -> CVQAExtractSummary:
+                          failures_path: str | Path | None = None, progress: bool = True) -> ExtractSummary:
     """Extract every CVQA image not yet in the native store at `out`; failures go to a JSON-lines manifest
     (default `<out>.failures.jsonl`) and the rest carries on."""
     from volta_ml.features.detectors.select_butd import TooFewBoxes, butd_extract
@@ -55,11 +45,11 @@ def extract_cvqa_features(dataset: CVQADataset, detector, preset: Preset, out: s
 
     start = time.time()
     failures = FailureLog(failures_path or str(out).rstrip("/") + ".failures.jsonl")
-    summary = CVQAExtractSummary(images=len(dataset.image_ids))
+    summary = ExtractSummary(total=len(dataset.image_ids))
     with open_writer(str(out), "native", append=True, extractor=preset.name, source="cvqa parquet",
                      cvqa_revision=dataset.revision) as writer:
         todo = [i for i in dataset.image_ids if i not in writer]
-        summary.already_present = summary.images - len(todo)
+        summary.already_present = summary.total - len(todo)
         bar = tqdm(total=len(todo), desc=f"CVQA features {preset.name}", unit="img", disable=not progress)
 
         def fail(image_id, stage, reason):
