@@ -14,6 +14,7 @@ from typing import Iterator
 
 import lmdb
 
+from .lmdb_values import PROCESS, LmdbValues
 from .records import FeatureRecord, FeatureDimError, MissingImageError
 
 
@@ -56,6 +57,7 @@ class FeatureStore(Mapping):
         state = dict(self.__dict__)
         state["_handle"] = None
         state["_handle_pid"] = None
+        state.pop("_values", None)  # a process-local LMDB reader (lmdb_values)
         return state
 
     def __enter__(self):
@@ -143,9 +145,26 @@ def shared_readonly_env(path: str) -> lmdb.Environment:
     return env
 
 
+_SHARED_VALUES: dict[str, LmdbValues] = {}
+
+
+def shared_lmdb_values(path: str) -> LmdbValues:
+    """Zero-copy `get` on this process's shared environment of `path` (see lmdb_values)."""
+    env = shared_readonly_env(path)
+    values = _SHARED_VALUES.get(path)
+    if values is None or values.env is not env:  # first use, a new process or a reopened store
+        data_file = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+        values = _SHARED_VALUES[path] = LmdbValues(env, data_file)
+    return values
+
+
 def release_shared_env(path: str) -> None:
     """Close this process's shared reader of `path` (before writing to it, or on close())."""
-    entry = _SHARED_ENVS.pop(os.path.realpath(path), None)
+    real = os.path.realpath(path)
+    values = _SHARED_VALUES.pop(real, None)
+    if values is not None:
+        values.close()
+    entry = _SHARED_ENVS.pop(real, None)
     if entry is not None and entry[0] == os.getpid():
         entry[1].close()
 
@@ -153,14 +172,24 @@ def release_shared_env(path: str) -> None:
 class LmdbStoreMixin:
     """Handle = this process's shared read-only environment of `self.path`."""
 
-    @property
-    def handle(self):
-        # Looked up on every use (a dict hit): a writer in this process may have closed it.
-        # Keyed by the real path fixed at first use, so a later chdir cannot change it.
+    def _real(self) -> str:
+        # The real path fixed at first use, so a later chdir cannot change it.
         real = self.__dict__.get("_real_path")
         if real is None:
             real = self._real_path = os.path.realpath(self.path)
-        return shared_readonly_env(real)
+        return real
+
+    @property
+    def handle(self):
+        # Looked up on every use (a dict hit): a writer in this process may have closed it.
+        return shared_readonly_env(self._real())
+
+    def get_value(self, key: bytes):
+        """The value under `key` (a zero-copy read-only buffer where possible), or None."""
+        values = self.__dict__.get("_values")
+        if values is None or values.closed or values.pid != PROCESS["pid"]:
+            values = self._values = shared_lmdb_values(self._real())
+        return values.get(key)
 
     def close(self) -> None:
         release_shared_env(self.path)

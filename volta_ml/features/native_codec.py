@@ -90,8 +90,8 @@ def decode_record(value: bytes):
     box_start = start + _aligned(feat_bytes)
     if box_start + n * 16 > len(value):
         raise ValueError(f"record truncated: {len(value)} bytes for {n} boxes of {d} features")
-    features = np.frombuffer(value, feat_dtype, n * d, start).reshape(n, d)
-    boxes = np.frombuffer(value, _BOX_DTYPE, n * 4, box_start).reshape(n, 4)
+    features = np.ndarray((n, d), feat_dtype, value, start)  # views of `value`: no copy
+    boxes = np.ndarray((n, 4), _BOX_DTYPE, value, box_start)
     extra = {}
     if extra_len:
         header = json.loads(bytes(value[_FIXED.size:_FIXED.size + extra_len]))

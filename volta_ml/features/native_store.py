@@ -20,7 +20,7 @@ from .base import (FeatureStore, LmdbStoreMixin, StoreWriter, release_shared_env
                    shared_readonly_env)
 from .native_codec import decode_record, encode_record
 from .records import (FeatureDimError, FeatureRecord, FeatureStoreError, IncompleteStoreError,
-                      make_record)
+                      MissingImageError, make_record)
 
 META_KEY = b"__volta_ml_meta__"
 FORMAT_NAME = "volta-ml-features"
@@ -70,15 +70,20 @@ class NativeStore(LmdbStoreMixin, FeatureStore):
         return int(self.meta["num_images"])
 
     def __contains__(self, image_id) -> bool:
-        with self.handle.begin() as txn:
-            return txn.get(str(image_id).encode()) is not None
+        return self.get_value(str(image_id).encode()) is not None
 
-    def read_raw(self, image_id: str) -> bytes | None:
-        with self.handle.begin() as txn:
-            return txn.get(image_id.encode())
+    def __getitem__(self, image_id) -> FeatureRecord:
+        # The training hot path, without the base class's per-record width check: the
+        # store's feature_dim was checked against expected_dim when it was opened.
+        image_id = str(image_id)
+        record = self.read(image_id)
+        if record is None:
+            raise MissingImageError(image_id, self.path, self._near_match_pool())
+        return record
 
     def read(self, image_id: str):
-        value = self.read_raw(image_id)
+        # Zero-copy: the record's arrays are read-only views of the store file (lmdb_values).
+        value = self.get_value(image_id.encode())
         if value is None:
             return None
         try:

@@ -113,15 +113,9 @@ class VoltaLmdbStore(LmdbStoreMixin, FeatureStore):
         with self.handle.begin() as txn:
             return txn.get(key) is not None
 
-    def read_raw(self, image_id: str) -> bytes | None:
-        key = image_id.encode()
-        if key == KEYS_KEY:
-            return None
-        with self.handle.begin() as txn:
-            return txn.get(key)
-
     def read(self, image_id: str):
-        value = self.read_raw(image_id)
+        key = image_id.encode()
+        value = None if key == KEYS_KEY else self.get_value(key)
         if value is None:
             return None
         item = safe_loads(value, self.path, image_id)
