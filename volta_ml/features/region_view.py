@@ -58,30 +58,6 @@ def _l2_normalise_rows(x: np.ndarray) -> np.ndarray:
     return np.divide(x, norm, out=np.zeros_like(x), where=norm > 0)
 
 
-def region_arrays(record: FeatureRecord, num_locs: int = 5, add_global_imgfeat=None,
-                  norm_embeddings: bool = False):
-    """Unpadded (features, locations, num_boxes) as VOLTA's feature reader returns them."""
-    features = np.asarray(record.features, dtype=np.float32)
-    locations = box_locations(np.asarray(record.boxes, dtype=np.float32), record.image_w,
-                              record.image_h, num_locs)
-    num_boxes = features.shape[0]
-    if norm_embeddings:
-        features = _l2_normalise_rows(features)
-        locations = _l2_normalise_rows(locations)
-    if add_global_imgfeat is not None and num_boxes > 0:
-        g_feat = (features.sum(axis=0, dtype=np.float32) / np.float32(num_boxes))[None, :]
-        g_loc = np.ones((1, num_locs), dtype=np.float32)
-        g_loc[0, :2] = 0.0
-        if add_global_imgfeat == "first":
-            features = np.concatenate([g_feat, features], axis=0)
-            locations = np.concatenate([g_loc, locations], axis=0)
-        else:
-            features = np.concatenate([features, g_feat], axis=0)
-            locations = np.concatenate([locations, g_loc], axis=0)
-        num_boxes += 1
-    return features, locations, num_boxes
-
-
 class RegionView:
     """`view[image_id] -> RegionSample`, padded to a fixed region budget.
 
@@ -125,15 +101,39 @@ class RegionView:
             raise FeatureDimError(getattr(self.store, "path", repr(self.store)),
                                   f"feature dimension {record.feature_dim} but the model expects "
                                   f"{self.feature_dim} (v_feature_size)", str(image_id))
-        features, locations, num_boxes = region_arrays(
-            record, self.num_locs, self.add_global_imgfeat, self.norm_embeddings)
-        rows = min(num_boxes, self.num_rows)
-        padded_feat = np.zeros((self.num_rows, features.shape[1]), dtype=np.float32)
-        padded_loc = np.zeros((self.num_rows, self.num_locs), dtype=np.float32)
+        features, locations, rows = self._padded(record)
         mask = np.zeros(self.num_rows, dtype=np.int64)
-        padded_feat[:rows] = features[:rows]
-        padded_loc[:rows] = locations[:rows]
         mask[:rows] = 1
         import torch  # lazy: `volta-ml features inspect` should not pay for importing torch
-        return RegionSample(torch.from_numpy(padded_feat), torch.from_numpy(padded_loc),
+        return RegionSample(torch.from_numpy(features), torch.from_numpy(locations),
                             torch.from_numpy(mask), rows)
+
+    def _padded(self, record: FeatureRecord):
+        """Steps 1-4 of the module docstring, writing each feature value once (no concatenation
+        then copy into the padding): one pass over the record's features per sample."""
+        regions = np.asarray(record.features, dtype=np.float32)
+        locations = box_locations(np.asarray(record.boxes, dtype=np.float32), record.image_w,
+                                  record.image_h, self.num_locs)
+        if self.norm_embeddings:
+            regions = _l2_normalise_rows(regions)
+            locations = _l2_normalise_rows(locations)
+        n, width = regions.shape
+        features = np.empty((self.num_rows, width), dtype=np.float32)
+        padded_loc = np.zeros((self.num_rows, self.num_locs), dtype=np.float32)
+        global_at = self.add_global_imgfeat if n > 0 else None
+        start = 1 if global_at == "first" else 0
+        kept = min(n, self.num_rows - start)  # region rows that fit the budget
+        features[start:start + kept] = regions[:kept]
+        padded_loc[start:start + kept] = locations[:kept]
+        rows = start + kept
+        # VOLTA truncates [global; regions] or [regions; global] to the budget: a "last"
+        # global row is dropped when the regions alone fill it.
+        g_row = 0 if global_at == "first" else rows if global_at == "last" and rows < self.num_rows else None
+        if g_row is not None:
+            features[g_row] = regions.sum(axis=0, dtype=np.float32) / np.float32(n)
+            padded_loc[g_row] = 1.0
+            padded_loc[g_row, :2] = 0.0
+            rows = max(rows, g_row + 1)
+        features[rows:] = 0.0
+        return features, padded_loc, rows
+
