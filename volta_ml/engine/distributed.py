@@ -93,13 +93,35 @@ def init_distributed(local_rank_flag: int = -1, device: str | None = None) -> Di
                     device=dev, initialized=True)
 
 
+_MULTI_PROCESS_RUN_ENDED = False
+
+
 def shutdown(info: DistInfo) -> None:
+    global _MULTI_PROCESS_RUN_ENDED
     if info.initialized and dist.is_initialized():
-        # Every rank reaches this point before any tears down: rank 0 hosts the rendezvous store, and a
-        # rank still destroying its gloo group after rank 0 exited aborts ("terminate called ...").
+        # Every rank reaches this point before any tears down: rank 0 hosts the rendezvous store.
         if info.world_size > 1:
             dist.barrier()
         dist.destroy_process_group()
+        _MULTI_PROCESS_RUN_ENDED = info.world_size > 1
+
+
+def finish_process(code: int) -> int:
+    """Return `code`; after a multi-process run, exit with it at once instead.
+
+    Interpreter teardown after a gloo run sometimes aborts a rank ("terminate called without
+    an active exception", SIGABRT with no Python frame: a C++ destructor at exit; about 1 run
+    in 12 on a loaded 2-core machine) and torchrun then fails the whole job.  By then the work
+    is saved and the process group destroyed: flush what Python would flush, skip the teardown.
+    """
+    if not _MULTI_PROCESS_RUN_ENDED:
+        return code
+    import logging
+    import sys
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:

@@ -250,6 +250,7 @@ def run_eval_retrieval(args) -> dict | None:
 
 
 def run_checked(args, prog: str) -> int:
+    from volta_ml.engine.distributed import finish_process
     from volta_ml.engine.eval_cli import user_errors
     from volta_ml.engine.retrieval_scorer import ScorerSetupError
 
@@ -258,11 +259,11 @@ def run_checked(args, prog: str) -> int:
     except user_errors() as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"{prog}: error: {message}", file=sys.stderr)
-        return 2
+        return finish_process(2)
     except ScorerSetupError as err:   # e.g. --zero_shot on a model without a matching head
         print(f"{prog}: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+        return finish_process(2)
+    return finish_process(0)
 
 
 def register(subparsers) -> None:

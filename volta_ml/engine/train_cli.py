@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from volta_ml.engine.distributed import DistInfo, init_distributed, shutdown
+from volta_ml.engine.distributed import DistInfo, finish_process, init_distributed, shutdown
 from volta_ml.engine.train import TrainJob, train
 from volta_ml.engine.flags import VoltaArgumentParser
 from volta_ml.engine.train_flags import add_train_flags, parse_train_args
@@ -40,6 +40,10 @@ def seed_everything(seed: int) -> None:
 
 
 def run(args, build_job: Callable[[object, DistInfo], TrainJob]) -> int:
+    return finish_process(_run(args, build_job))
+
+
+def _run(args, build_job: Callable[[object, DistInfo], TrainJob]) -> int:
     info = init_distributed(args.local_rank, args.device)
     setup_logging(info)
     seed_everything(args.seed)
