@@ -36,8 +36,8 @@ _release_buffer = ctypes.pythonapi.PyBuffer_Release
 _release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
 
 
-def buffer_address(buf, view: _PyBuffer | None = None) -> int:
-    view = _PyBuffer() if view is None else view
+def buffer_address(buf) -> int:
+    view = _PyBuffer()
     ref = ctypes.byref(view)
     _get_buffer(buf, ref, 0)
     address = view.buf
@@ -110,6 +110,7 @@ class LmdbValues:
         local = self._local
         local.txn = self.env.begin(buffers=True)
         local.pybuf = _PyBuffer()
+        local.pybuf_ref = ctypes.byref(local.pybuf)
         return local
 
     def get(self, key: bytes):
@@ -122,7 +123,9 @@ class LmdbValues:
         if value is None:
             return None
         if self._view is not None and value:
-            start = buffer_address(value, local.pybuf) - self._base
+            _get_buffer(value, local.pybuf_ref, 0)  # buffer_address(), inlined: the hot path
+            start = local.pybuf.buf - self._base
+            _release_buffer(local.pybuf_ref)
             end = start + len(value)
             if 0 <= start and end <= self._size:
                 return self._view[start:end]
