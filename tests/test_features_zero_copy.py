@@ -115,3 +115,13 @@ def test_forked_workers_and_records_read_before_the_fork(tmp_path, images):
     assert torch.equal(got, expected)
     for k in ids:
         np.testing.assert_array_equal(before[k].features, images[k]["features"])
+
+
+def test_sparse_volta_lmdb_maps_only_the_pages_in_use(tmp_path, images):
+    # VOLTA's converters open LMDB with writemap=True: data.mdb is a sparse file of map_size bytes.
+    path = L.write_volta_lmdb(tmp_path / "v.lmdb", images, writemap=True)
+    store = open_store(path)
+    first = next(iter(images))
+    np.testing.assert_array_equal(store[first].features, images[first]["features"])
+    assert store._values.zero_copy
+    assert store._values._size < 2 << 20 < (tmp_path / "v.lmdb" / "data.mdb").stat().st_size

@@ -86,8 +86,10 @@ class LmdbValues:
             base = _mapping_base(buffer_address(probe), data_file)
             if base is None:
                 return
+            # Map only the pages in use: VOLTA's writers (writemap=True) leave a sparse 1 TiB file.
+            used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
             with open(data_file, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
+                size = min(os.fstat(f.fileno()).st_size, used)
                 view = memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ))
             offset = buffer_address(probe) - base
             sample = min(len(probe), 4096)
