@@ -9,8 +9,8 @@ a record stays valid after its store is closed, and a read copies nothing.  Both
 maps share the page cache, so the second one costs address space, not memory.
 
 The translation needs the address of LMDB's map, which only `/proc/self/maps`
-tells (Linux).  Where it cannot be established, or a value lies beyond the file
-size seen when the map was made, `get` returns a copy (`bytes`) instead.
+tells (Linux).  Where it cannot be established, or a value lies beyond the pages
+in use when the map was made, `get` returns a copy (`bytes`) instead.
 """
 from __future__ import annotations
 
@@ -83,7 +83,8 @@ class LmdbValues:
             probe = cursor.value() if cursor.first() else b""
             if len(probe) == 0:
                 return  # nothing to read anyway
-            base = _mapping_base(buffer_address(probe), data_file)
+            address = buffer_address(probe)
+            base = _mapping_base(address, data_file)
             if base is None:
                 return
             # Map only the pages in use: VOLTA's writers (writemap=True) leave a sparse 1 TiB file.
@@ -91,7 +92,7 @@ class LmdbValues:
             with open(data_file, "rb") as f:
                 size = min(os.fstat(f.fileno()).st_size, used)
                 view = memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ))
-            offset = buffer_address(probe) - base
+            offset = address - base
             sample = min(len(probe), 4096)
             if 0 <= offset and offset + sample <= size and view[offset:offset + sample] == probe[:sample]:
                 self._view, self._base, self._size = view, base, size

@@ -20,7 +20,7 @@ from .base import (FeatureStore, LmdbStoreMixin, StoreWriter, release_shared_env
                    shared_readonly_env)
 from .native_codec import decode_record, encode_record
 from .records import (FeatureDimError, FeatureRecord, FeatureStoreError, IncompleteStoreError,
-                      MissingImageError, make_record)
+                      make_record)
 
 META_KEY = b"__volta_ml_meta__"
 FORMAT_NAME = "volta-ml-features"
@@ -71,15 +71,6 @@ class NativeStore(LmdbStoreMixin, FeatureStore):
 
     def __contains__(self, image_id) -> bool:
         return self.get_value(str(image_id).encode()) is not None
-
-    def __getitem__(self, image_id) -> FeatureRecord:
-        # The training hot path, without the base class's per-record width check: the
-        # store's feature_dim was checked against expected_dim when it was opened.
-        image_id = str(image_id)
-        record = self.read(image_id)
-        if record is None:
-            raise MissingImageError(image_id, self.path, self._near_match_pool())
-        return record
 
     def read(self, image_id: str):
         # Zero-copy: the record's arrays are read-only views of the store file (lmdb_values).

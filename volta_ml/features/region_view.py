@@ -128,7 +128,12 @@ class RegionView:
         rows = start + kept
         # VOLTA truncates [global; regions] or [regions; global] to the budget: a "last"
         # global row is dropped when the regions alone fill it.
-        g_row = 0 if global_at == "first" else rows if global_at == "last" and rows < self.num_rows else None
+        if global_at == "first":
+            g_row = 0
+        elif global_at == "last" and rows < self.num_rows:
+            g_row = rows
+        else:
+            g_row = None
         if g_row is not None:
             features[g_row] = regions.sum(axis=0, dtype=np.float32) / np.float32(n)
             padded_loc[g_row] = 1.0
@@ -136,4 +141,3 @@ class RegionView:
             rows = max(rows, g_row + 1)
         features[rows:] = 0.0
         return features, padded_loc, rows
-
