@@ -92,9 +92,9 @@ def main() -> None:
 
     from volta_ml.data.text import load_tokenizer
     from volta_ml.models import build_model, load_config
-    from volta_ml.tasks.cvqa import MatchingScorer, score_condition
-    from volta_ml.tasks.cvqa_data import load_cvqa
-    from volta_ml.tasks.cvqa_prompts import encode_option_texts, option_texts
+    from volta_ml.cvqa.zoo import MatchingScorer, score_condition
+    from volta_ml.cvqa.data import load_cvqa
+    from volta_ml.cvqa.prompts import encode_option_texts, option_texts
     from volta_ml.tasks.regions import open_region_view
 
     if args.threads:

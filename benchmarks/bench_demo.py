@@ -18,7 +18,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="output directory (default: a temporary one)")
     args = parser.parse_args()
 
-    from volta_ml.protocols.demo import run_demo
+    from volta_ml.demo.pipeline import run_demo
 
     def cpu() -> float:
         usage = resource.getrusage(resource.RUSAGE_SELF)

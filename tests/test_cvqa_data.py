@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 from _cvqa_fixture import REVISION, ROWS, image_png, write_release
 
-from volta_ml.tasks.cvqa_data import (CVQAFormatError, image_key, load_cvqa, parse_options, parse_subset,
+from volta_ml.cvqa.data import (CVQAFormatError, image_key, load_cvqa, parse_options, parse_subset,
                                       revision_from_path)
 
 

@@ -14,8 +14,8 @@ from _extract_tiny import SMALL_BUTD, synthetic_image, tiny_model
 from volta_ml.features import open_store
 from volta_ml.features.detectors.select_butd import butd_extract
 from volta_ml.features.images import decode_image_bytes
-from volta_ml.tasks.cvqa_data import load_cvqa
-from volta_ml.tasks.cvqa_features import extract_cvqa_features, shrink_to
+from volta_ml.cvqa.data import load_cvqa
+from volta_ml.cvqa.features import extract_cvqa_features, shrink_to
 
 
 def _png(img_bgr) -> bytes:
@@ -90,7 +90,7 @@ def test_one_call_extracts_then_scores(release, tmp_path, monkeypatch):
     from tiny import tiny_config
 
     from volta_ml.models import build_model, save_checkpoint
-    from volta_ml.tasks import cvqa_run
+    from volta_ml.cvqa import run as cvqa_run
 
     calls = []
 

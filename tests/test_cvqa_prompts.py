@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from _cvqa_fixture import tiny_tokenizer, write_release
 
-from volta_ml.tasks.cvqa_data import load_cvqa
-from volta_ml.tasks.cvqa_prompts import (CONDITIONS, PROMPTS_VERSION, encode_option_texts, full_texts,
+from volta_ml.cvqa.data import load_cvqa
+from volta_ml.cvqa.prompts import (CONDITIONS, PROMPTS_VERSION, encode_option_texts, full_texts,
                                          option_texts)
 
 # Changing any of these strings changes published numbers: bump PROMPTS_VERSION with it.

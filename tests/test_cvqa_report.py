@@ -6,8 +6,8 @@ import csv
 import numpy as np
 import pytest
 
-from volta_ml.tasks.cvqa_data import CVQAQuestion
-from volta_ml.tasks.cvqa_report import accuracy_summary, en_loc_gap, write_submission, write_tables
+from volta_ml.cvqa.data import CVQAQuestion
+from volta_ml.cvqa.report import accuracy_summary, en_loc_gap, write_submission, write_tables
 
 
 def q(qid, country, language, label, category="Cooking and Food", image_type="Self"):

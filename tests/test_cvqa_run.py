@@ -14,8 +14,8 @@ from _cvqa_fixture import REVISION, ROWS, make_cvqa_store, tiny_tokenizer, write
 from tiny import tiny_config
 
 from volta_ml.models import build_model, save_checkpoint
-from volta_ml.tasks.cvqa_data import load_cvqa
-from volta_ml.tasks.cvqa_run import run_cvqa
+from volta_ml.cvqa.data import load_cvqa
+from volta_ml.cvqa.run import run_cvqa
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,9 +9,9 @@ from tiny import tiny_batch, tiny_config
 
 from volta_ml.features import RegionView
 from volta_ml.models import build_model
-from volta_ml.tasks.cvqa import MatchingHeadError, MatchingScorer, blank_image, predict, score_condition
-from volta_ml.tasks.cvqa_data import load_cvqa
-from volta_ml.tasks.cvqa_prompts import encode_option_texts, option_texts
+from volta_ml.cvqa.zoo import MatchingHeadError, MatchingScorer, blank_image, predict, score_condition
+from volta_ml.cvqa.data import load_cvqa
+from volta_ml.cvqa.prompts import encode_option_texts, option_texts
 
 ITM_FAMILIES = ["ctrl_lxmert", "ctrl_muniter_base", "ctrl_uniter_base", "ctrl_vilbert_base",
                 "ctrl_visualbert_base", "ctrl_vl-bert_base", "ctrl_xuniter_base", "lxmert", "original_lxmert",

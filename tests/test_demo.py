@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from volta_ml.protocols import demo_data, demo_words
+from volta_ml.demo import data as demo_data, words as demo_words
 from volta_ml.tasks import visual_entailment
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,9 +19,9 @@ COMMAND_MODULES = [
     "volta_ml.engine.eval_cli",
     "volta_ml.engine.retrieval_cli",
     "volta_ml.engine.gqa_score_cli",
-    "volta_ml.tasks.cvqa_cli",
+    "volta_ml.cvqa.cli",
     "volta_ml.protocols.cli",
-    "volta_ml.protocols.demo_cli",
+    "volta_ml.demo.cli",
 ]
 
 

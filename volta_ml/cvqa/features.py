@@ -20,7 +20,7 @@ from volta_ml.features.detectors.presets import Preset
 from volta_ml.features.extract import ExtractSummary
 from volta_ml.features.images import DEFAULT_MAX_PIXELS, ImageError, decode_image_bytes
 
-from .cvqa_data import CVQADataset
+from .data import CVQADataset
 
 
 def shrink_to(img: np.ndarray, max_side: int | None) -> np.ndarray:

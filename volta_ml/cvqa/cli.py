@@ -7,7 +7,7 @@ import sys
 
 from volta_ml.features.detectors.presets import PRESETS
 
-from .cvqa_prompts import CONDITIONS, TEMPLATES
+from .prompts import CONDITIONS, TEMPLATES
 
 
 def register(subparsers) -> None:
@@ -66,8 +66,8 @@ def _clear_errors(command):
     def wrapped(args) -> int:
         from volta_ml.data.text import TokenizerLoadError
 
-        from .cvqa import MatchingHeadError
-        from .cvqa_data import CVQAFormatError
+        from .zoo import MatchingHeadError
+        from .data import CVQAFormatError
 
         try:
             return command(args)
@@ -86,9 +86,9 @@ def run_extract_command(args) -> int:
 
     from volta_ml.features.images import DEFAULT_MAX_PIXELS
 
-    from .cvqa_data import load_cvqa
-    from .cvqa_features import extract_cvqa_features
-    from .cvqa_run import load_detector
+    from .data import load_cvqa
+    from .features import extract_cvqa_features
+    from .run import load_detector
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
@@ -106,7 +106,7 @@ def run_extract_command(args) -> int:
 
 @_clear_errors
 def run_score_command(args) -> int:
-    from .cvqa_run import run_cvqa
+    from .run import run_cvqa
 
     keys = ("data", "features", "config", "checkpoint", "bert_model", "do_lower_case", "kind", "task_id",
             "revision", "conditions", "template", "max_seq_length", "max_region_num", "batch_size", "device",

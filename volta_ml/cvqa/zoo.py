@@ -23,8 +23,8 @@ from tqdm import tqdm
 
 from volta_ml.models import itm_match_score
 
-from .cvqa_data import CVQAQuestion
-from .cvqa_prompts import EncodedTexts, encode_option_texts, option_texts
+from .data import CVQAQuestion
+from .prompts import EncodedTexts, encode_option_texts, option_texts
 
 NUM_OPTIONS = 4
 

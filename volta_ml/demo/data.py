@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from volta_ml.protocols import demo_words as words
+from volta_ml.demo import words
 
 IMAGE_W, IMAGE_H = 320, 240
 SPLIT_ID_BASE = {"train": 100000, "dev": 200000, "test": 300000}  # integer ids, as Flickr30k's

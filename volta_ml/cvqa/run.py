@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .cvqa import MatchingScorer, score_condition
-from .cvqa_data import HIDDEN_LABEL, CVQADataset, load_cvqa
-from .cvqa_prompts import CONDITIONS, PROMPTS_VERSION, parse_condition
-from .cvqa_report import accuracy_summary, en_loc_gap, plot_pairs, write_submission, write_tables
+from .zoo import MatchingScorer, score_condition
+from .data import HIDDEN_LABEL, CVQADataset, load_cvqa
+from .prompts import CONDITIONS, PROMPTS_VERSION, parse_condition
+from .report import accuracy_summary, en_loc_gap, plot_pairs, write_submission, write_tables
 
 DEFAULTS = {
     "kind": "pretraining", "task_id": None, "revision": None, "conditions": list(CONDITIONS),
@@ -50,7 +50,7 @@ def run_cvqa(args_dict: dict) -> str:
     from volta_ml.data.text import load_tokenizer
     from volta_ml.models import from_pretrained, load_config
 
-    from .regions import open_region_view
+    from volta_ml.tasks.regions import open_region_view
 
     unknown = set(args_dict) - set(DEFAULTS) - set(REQUIRED)
     if unknown:
@@ -132,7 +132,7 @@ def load_detector(preset_name: str, weights: str, device):
 def _extract_missing(args: dict, dataset: CVQADataset, device) -> None:
     from volta_ml.features.images import DEFAULT_MAX_PIXELS
 
-    from .cvqa_features import extract_cvqa_features
+    from .features import extract_cvqa_features
 
     if not (args["preset"] and args["detector_weights"]):
         raise KeyError("run_cvqa: extraction needs both preset and detector_weights")

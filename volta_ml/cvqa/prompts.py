@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cvqa_data import CVQAQuestion
+from .data import CVQAQuestion
 
 PROMPTS_VERSION = "cvqa-prompts-v1"
 CONDITIONS = ("en-aware", "en-agnostic", "loc-aware", "loc-agnostic")

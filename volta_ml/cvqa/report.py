@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cvqa_data import HIDDEN_LABEL, CVQAQuestion
+from .data import HIDDEN_LABEL, CVQAQuestion
 
 RANDOM_ACCURACY = 25.0
 BREAKDOWNS = {"pair": lambda q: q.pair, "category": lambda q: q.category, "image_type": lambda q: q.image_type}

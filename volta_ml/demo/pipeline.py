@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from volta_ml.protocols import demo_data, demo_report, demo_stages
+from volta_ml.demo import data as demo_data, report as demo_report, stages as demo_stages
 
 logger = logging.getLogger("volta_ml.demo")
 

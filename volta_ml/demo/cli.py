@@ -44,7 +44,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from volta_ml.protocols.demo import run_demo
+    from volta_ml.demo.pipeline import run_demo
 
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s -   %(message)s",
                         datefmt="%m/%d/%Y %H:%M:%S", level=logging.WARNING if args.quiet else logging.INFO,

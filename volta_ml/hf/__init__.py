@@ -1,0 +1,1 @@
+"""Hugging Face backends (CLIP-family dual encoders, M-CLIP, generative image-text models); contract in base.py."""

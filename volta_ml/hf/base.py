@@ -1,0 +1,70 @@
+"""The contract every Hugging Face backend keeps (CVQA and the IGLUE tasks both build on it).
+
+A backend is loaded once from a `ModelSpec` (hub id or local path, pinned revision, dtype, device) through
+`volta_ml.hf.load_backend(kind, spec)`, where `kind` is a key of the `BACKENDS` table in
+`volta_ml/hf/__init__.py`. Two kinds of backend exist:
+
+- `DualEncoder` (CLIP, SigLIP, M-CLIP): images and texts are embedded separately, once each; a score is the
+  cosine similarity of the two L2-normalised embeddings.
+- `Generative` (LLaVA, InstructBLIP, BLIP-2/mBLIP, any `AutoModelForImageTextToText`): a prompt (the user turn,
+  rendered through the model's chat template where it has one) plus zero or more images; scores are
+  next-token logits over given candidate tokens, or log-probabilities of given continuations.
+
+Images are `PIL.Image.Image` (RGB) or `None` for the blind (text-only / blank image) control. Every method
+takes a batch and must give the same numbers as one example at a time (left padding for decoder-only LMs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model: str                      # hub id ("llava-hf/llava-1.5-7b-hf") or a local folder
+    revision: str | None = None     # pinned commit; written into every result file
+    dtype: str = "fp32"             # "bf16" | "fp16" | "fp32"
+    device: str = "cpu"             # "cpu", "cuda", "cuda:1"; ignored when device_map is set
+    device_map: str | None = None   # "auto": accelerate spreads a model larger than one GPU
+    extra: dict = field(default_factory=dict)  # backend-specific options (e.g. M-CLIP's image tower)
+
+
+@runtime_checkable
+class DualEncoder(Protocol):
+    spec: ModelSpec
+
+    def embed_images(self, images: Sequence[Image.Image | None]) -> torch.Tensor:
+        """[N, D] float32, L2-normalised, on the CPU."""
+
+    def embed_texts(self, texts: Sequence[str]) -> torch.Tensor:
+        """[N, D] float32, L2-normalised, on the CPU."""
+
+
+@runtime_checkable
+class Generative(Protocol):
+    spec: ModelSpec
+    max_images: int                 # images one prompt may carry (1 for single-image models)
+
+    def render(self, prompt: str, num_images: int) -> str:
+        """The exact text the model sees for this user turn (chat template applied, image tokens in place)."""
+
+    def choice_logits(self, images: Sequence[Sequence[Image.Image | None]], prompts: Sequence[str],
+                      choices: Sequence[str]) -> torch.Tensor:
+        """[B, len(choices)] next-token logits (float32, CPU) of each choice's single token after each prompt.
+        Raises `ChoiceTokenError` naming the model and the choice when a choice is not one token."""
+
+    def continuation_logprobs(self, images: Sequence[Sequence[Image.Image | None]], prompts: Sequence[str],
+                              continuations: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum of log-probabilities [B, K], number of tokens [B, K]) of each of the K continuations of each
+        prompt; the prompt is encoded once and its KV cache reused for the K continuations."""
+
+    def generate(self, images: Sequence[Sequence[Image.Image | None]], prompts: Sequence[str],
+                 max_new_tokens: int) -> list[str]:
+        """Greedy answers, special tokens and the prompt stripped."""
+
+
+class ChoiceTokenError(ValueError):
+    """A choice (e.g. the letter "C") is not a single token of this model's tokenizer."""
