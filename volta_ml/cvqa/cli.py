@@ -7,13 +7,14 @@ import sys
 
 from volta_ml.features.detectors.presets import PRESETS
 
+from .backends import BACKENDS, RULES
 from .prompts import CONDITIONS, TEMPLATES
 
 
 def register(subparsers) -> None:
     cvqa = subparsers.add_parser("cvqa", help="CVQA: culturally diverse multilingual multiple-choice VQA",
-                                 description="Zero-shot CVQA with the matching head of a V&L encoder. "
-                                 "See docs/cvqa.md.")
+                                 description="Zero-shot CVQA with the VOLTA zoo's matching heads, CLIP-family "
+                                 "dual encoders, M-CLIP, generative models or imported predictions. See docs/cvqa.md.")
     sub = cvqa.add_subparsers(dest="cvqa_command", metavar="STEP")
 
     ex = sub.add_parser("extract", help="region features for the CVQA images, read from the parquet shards")
@@ -30,22 +31,43 @@ def register(subparsers) -> None:
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(func=run_extract_command)
 
-    sc = sub.add_parser("score", help="score a checkpoint on CVQA and write results, tables, plot, submissions")
+    sc = sub.add_parser("score", help="score a model on CVQA and write results, tables, plot, submissions",
+                        description="Backends: " + "; ".join(f"{k}: {v}" for k, v in BACKENDS.items()))
+    sc.add_argument("--backend", choices=list(BACKENDS), default="zoo", help="how the options are scored")
     sc.add_argument("--data", required=True, help="folder of CVQA parquet shards")
-    sc.add_argument("--features", required=True, help="feature store from `volta-ml cvqa extract`")
-    sc.add_argument("--config", "--config_file", dest="config", required=True, help="model config name or JSON")
-    sc.add_argument("--checkpoint", "--from_pretrained", dest="checkpoint", required=True)
-    sc.add_argument("--bert_model", "--bert-model", dest="bert_model", required=True, help="local tokenizer folder")
-    sc.add_argument("--do_lower_case", action="store_true")
-    sc.add_argument("--kind", choices=("pretraining", "tasks"), default="pretraining",
-                    help="pretraining: the ITM head; tasks: a fine-tuned VL-logit head (--task_id)")
-    sc.add_argument("--task_id", default=None, help="the VL-logit head of a tasks checkpoint, e.g. TASK8")
-    sc.add_argument("--revision", default=None, help="HF commit of the data (recorded in every result file)")
+    sc.add_argument("--revision", default=None, help="HF commit of the data (recorded in every result file; "
+                    "the model's commit is --model-revision)")
+    zoo = sc.add_argument_group("zoo backend (region features + a VOLTA checkpoint's matching head)")
+    zoo.add_argument("--features", help="feature store from `volta-ml cvqa extract`")
+    zoo.add_argument("--config", "--config_file", dest="config", help="model config name or JSON")
+    zoo.add_argument("--checkpoint", "--from_pretrained", dest="checkpoint")
+    zoo.add_argument("--bert_model", "--bert-model", dest="bert_model", help="local tokenizer folder")
+    zoo.add_argument("--do_lower_case", action="store_true")
+    zoo.add_argument("--kind", choices=("pretraining", "tasks"), default="pretraining",
+                     help="pretraining: the ITM head; tasks: a fine-tuned VL-logit head (--task_id)")
+    zoo.add_argument("--task_id", default=None, help="the VL-logit head of a tasks checkpoint, e.g. TASK8")
+    hf = sc.add_argument_group("clip / mclip / mllm backends (Hugging Face models) and import")
+    hf.add_argument("--model", help="local folder or hub id, e.g. llava-hf/llava-1.5-7b-hf")
+    hf.add_argument("--model-revision", dest="model_revision", default=None,
+                    help="pinned commit of --model (recorded in every result file)")
+    hf.add_argument("--image-model", dest="image_model", default=None,
+                    help="mclip: the CLIP image tower (default openai/clip-vit-base-patch32)")
+    hf.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="fp32")
+    hf.add_argument("--device-map", dest="device_map", choices=("auto",), default=None,
+                    help="accelerate spreads a model larger than one GPU (then --device is ignored)")
+    hf.add_argument("--rule", choices=RULES, default="letter", help="mllm: letter = argmax of the next-token "
+                    "logits of A-D with lettered options; open = log-probability of each option's full text")
+    hf.add_argument("--chunk-size", dest="chunk_size", type=int, default=256,
+                    help="questions per resumable chunk (a rerun into --output_dir continues)")
+    hf.add_argument("--predictions", nargs="+", default=None, metavar="[CONDITION=]CSV",
+                    help="import: ID,Prediction CSV(s) made elsewhere, one per condition")
     sc.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=list(CONDITIONS))
-    sc.add_argument("--template", choices=sorted(TEMPLATES), default="paper")
+    sc.add_argument("--template", choices=sorted(TEMPLATES), default=None,
+                    help="texts of the matching scorers (default: paper for zoo, plain for clip/mclip)")
     sc.add_argument("--max_seq_length", type=int, default=40)
     sc.add_argument("--max_region_num", type=int, default=36)
-    sc.add_argument("--batch_size", type=int, default=64, help="(image, text) rows per forward pass")
+    sc.add_argument("--batch_size", "--batch-size", dest="batch_size", type=int, default=None,
+                    help="zoo: (image, text) rows per forward (default 64); others: questions per forward (8)")
     sc.add_argument("--device", default="auto")
     sc.add_argument("--amp", action="store_true", help="autocast on CUDA")
     sc.add_argument("--no-text-only", dest="text_only", action="store_false", help="skip the blind baseline")
@@ -104,24 +126,53 @@ def run_extract_command(args) -> int:
     return 0
 
 
-@_clear_errors
-def run_score_command(args) -> int:
+ZOO_REQUIRED = ("features", "config", "checkpoint", "bert_model")
+
+
+def _run_zoo(args) -> str:
     from .run import run_cvqa
 
+    missing = [f"--{k}" for k in ZOO_REQUIRED if not getattr(args, k)]
+    if missing:
+        raise ValueError(f"--backend zoo needs {', '.join(missing)}")
     keys = ("data", "features", "config", "checkpoint", "bert_model", "do_lower_case", "kind", "task_id",
-            "revision", "conditions", "template", "max_seq_length", "max_region_num", "batch_size", "device",
-            "amp", "text_only", "limit", "output_dir", "progress", "preset", "detector_weights", "max_side",
-            "max_pixels")
-    path = run_cvqa({k: getattr(args, k) for k in keys})
+            "revision", "conditions", "max_seq_length", "max_region_num", "device", "amp", "text_only", "limit",
+            "output_dir", "progress", "preset", "detector_weights", "max_side", "max_pixels")
+    return run_cvqa({**{k: getattr(args, k) for k in keys}, "template": args.template or "paper",
+                     "batch_size": args.batch_size or 64})
+
+
+def _run_backend(args) -> str | None:
+    from .backend_run import run_backend
+
+    keys = ("data", "backend", "revision", "conditions", "template", "rule", "model", "model_revision",
+            "image_model", "dtype", "device", "device_map", "chunk_size", "text_only", "limit", "output_dir",
+            "progress", "predictions", "max_side", "max_pixels")
+    return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8})
+
+
+RUNNERS = {"zoo": _run_zoo}   # every other backend: backend_run.run_backend
+
+
+@_clear_errors
+def run_score_command(args) -> int:
+    from volta_ml.engine.distributed import finish_process
+
+    path = RUNNERS.get(args.backend, _run_backend)(args)
+    if path is None:   # a rank other than 0 of a sharded run
+        return finish_process(0)
     results = json.loads(open(path, encoding="utf-8").read())
     print(f"CVQA revision {results['revision']}, {results['questions']} questions"
-          f"{' (labels hidden: submission mode)' if results['hidden_labels'] else ''}")
+          f"{' (labels hidden: submission mode)' if results['hidden_labels'] else ''}"
+          + (f"; {results['backend']} {results['model']}" if "backend" in results else ""))
     for condition, summary in results["runs"].items():
         blind = results["text_only"].get(condition)
         if results["hidden_labels"]:
             print(f"  {condition:13s} submission_{condition}.csv")
         else:
-            print(f"  {condition:13s} micro {summary['micro']:6.2f}  macro {summary['macro']:6.2f}"
+            variants = "".join(f"  | {name} {v[condition]['micro']:6.2f}"
+                               for name, v in results.get("variants", {}).items())
+            print(f"  {condition:13s} micro {summary['micro']:6.2f}  macro {summary['macro']:6.2f}" + variants
                   + (f"  | text-only {blind['micro']:6.2f}" if blind else "") + "  | random 25.00")
     print(f"results: {path}")
-    return 0
+    return finish_process(0)

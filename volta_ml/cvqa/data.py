@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+
 REQUIRED_COLUMNS = ("ID", "Subset", "Question", "Translated Question", "Options", "Translated Options", "Label",
                     "Category", "image")
 HIDDEN_LABEL = -1
@@ -73,13 +75,19 @@ class CVQADataset:
             shard, row = self._image_rows[image_id]
             by_shard.setdefault(shard, {})[row] = image_id
         for shard_index, rows in sorted(by_shard.items()):
-            offset = 0
-            for batch in pq.ParquetFile(self.shards[shard_index]).iter_batches(batch_size=64, columns=["image"]):
-                column = batch.column(0)
-                for i in range(batch.num_rows):
-                    if offset + i in rows:
-                        yield rows[offset + i], _image_bytes(column[i].as_py(), self.shards[shard_index], offset + i)
-                offset += batch.num_rows
+            parquet = pq.ParquetFile(self.shards[shard_index])
+            sizes = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
+            starts = np.cumsum([0] + sizes)
+            groups = sorted({int(np.searchsorted(starts, r, side="right")) - 1 for r in rows})   # only those read
+            for group in groups:
+                offset = int(starts[group])
+                for batch in parquet.iter_batches(batch_size=64, columns=["image"], row_groups=[group]):
+                    column = batch.column(0)
+                    for i in range(batch.num_rows):
+                        if offset + i in rows:
+                            yield rows[offset + i], _image_bytes(column[i].as_py(), self.shards[shard_index],
+                                                                 offset + i)
+                    offset += batch.num_rows
 
 
 def parse_subset(value, where: str) -> tuple[str, str]:

@@ -10,6 +10,11 @@ paper's prompts; an image-text matching model sees one text per option, so `{opt
 The `plain` templates are the paper's CLIP protocol ("question + option"). Each text is a head (location and
 question) and a tail (the option with its frame); truncation shortens the head only, so the option survives.
 Changing a template changes results: bump PROMPTS_VERSION (it is written into every result file).
+
+Generative models (`mllm` backend) see one prompt per question, the paper's text as the user turn (rendered
+through the model's chat template by the backend). The `letter` rule lists the options MMLU-style, one lettered
+line each, and reads the next-token logits of A-D; the `open` rule leaves the options out and scores each option's
+full answer text as the continuation. Changing these: bump GENERATIVE_PROMPTS_VERSION.
 """
 from __future__ import annotations
 
@@ -32,6 +37,20 @@ TEMPLATES = {
     },
 }
 
+GENERATIVE_PROMPTS_VERSION = "cvqa-mllm-prompts-v1"
+LETTERS = ("A", "B", "C", "D")
+GENERATIVE_TEMPLATES = {
+    "letter": {
+        "aware": "Location: {country}. Question: {question} Options:\n{options}\nShort Answer:",
+        "agnostic": "Question: {question} Options:\n{options}\nShort Answer:",
+    },
+    "open": {
+        "aware": "Location: {country}. Question: {question} Short Answer:",
+        "agnostic": "Question: {question} Short Answer:",
+    },
+}
+OPEN_ANSWER = " {option}"   # the continuation scored for each option under the `open` rule
+
 
 def parse_condition(condition: str) -> tuple[str, str]:
     """`"loc-aware"` -> ("loc", "aware")."""
@@ -43,14 +62,34 @@ def parse_condition(condition: str) -> tuple[str, str]:
 
 def option_texts(question: CVQAQuestion, condition: str, template: str = "paper") -> list[tuple[str, str]]:
     """The four (head, tail) text pieces of `question` under `condition`; the full text is `head + " " + tail`."""
-    language, location = parse_condition(condition)
+    _, location = parse_condition(condition)
     if template not in TEMPLATES:
         raise ValueError(f"unknown CVQA template set {template!r}; known: {', '.join(TEMPLATES)}")
     head_format, tail_format = TEMPLATES[template][location]
-    text, options = (question.question_en, question.options_en) if language == "en" else \
-        (question.question, question.options)
+    text, options = question_and_options(question, condition)
     head = head_format.format(country=question.country, question=text)
     return [(head, tail_format.format(option=option)) for option in options]
+
+
+def question_and_options(question: CVQAQuestion, condition: str) -> tuple[str, tuple[str, ...]]:
+    """The question text and its 4 options in the condition's language (EN: the translations)."""
+    language, _ = parse_condition(condition)
+    return (question.question_en, question.options_en) if language == "en" else (question.question, question.options)
+
+
+def generative_prompt(question: CVQAQuestion, condition: str, rule: str) -> str:
+    """The user turn a generative model sees for `question` (the chat template is applied by the backend)."""
+    if rule not in GENERATIVE_TEMPLATES:
+        raise ValueError(f"unknown CVQA rule {rule!r}; known: {', '.join(GENERATIVE_TEMPLATES)}")
+    _, location = parse_condition(condition)
+    text, options = question_and_options(question, condition)
+    lettered = "\n".join(f"{letter}. {option}" for letter, option in zip(LETTERS, options))
+    return GENERATIVE_TEMPLATES[rule][location].format(country=question.country, question=text, options=lettered)
+
+
+def open_answers(question: CVQAQuestion, condition: str) -> list[str]:
+    """The 4 continuations the `open` rule scores, index-aligned with the options."""
+    return [OPEN_ANSWER.format(option=option) for option in question_and_options(question, condition)[1]]
 
 
 def full_texts(question: CVQAQuestion, condition: str, template: str = "paper") -> list[str]:

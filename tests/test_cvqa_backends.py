@@ -1,0 +1,222 @@
+"""`volta-ml cvqa score --backend clip|mclip|mllm|import` with stand-in backends (tests/cvqa_fake_backends.py):
+scores equal a direct computation, photos embedded once, chunked resume, refused mismatches, import errors."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _cvqa_fixture import REVISION, ROWS, image_png, write_release
+from cvqa_fake_backends import LOADED, FakeDualEncoder, FakeGenerative, install
+
+from volta_ml.cli import main
+from volta_ml.cvqa.data import load_cvqa
+from volta_ml.cvqa.prompts import LETTERS, full_texts, generative_prompt, open_answers
+
+ALL = ["en-aware", "en-agnostic", "loc-aware", "loc-agnostic"]
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    return write_release(tmp_path_factory.mktemp("cvqa_backends"), "latest")
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    install(monkeypatch)
+    return LOADED
+
+
+def score(release, out, *extra) -> int:
+    return main(["cvqa", "score", "--data", str(release), "--output_dir", str(out), "--device", "cpu",
+                 "--no-progress", *extra])
+
+
+def saved_scores(out: Path, name: str) -> dict:
+    parts = sorted((out / "chunks" / name).glob("*.npz"))
+    loaded = [dict(np.load(p)) for p in parts]
+    return {k: np.concatenate([p[k] for p in loaded]) for k in loaded[0]}
+
+
+def photo(image_id):
+    from PIL import Image
+
+    return Image.open(io.BytesIO(image_png(image_id))).convert("RGB")
+
+
+def test_clip_scores_are_cosines_and_each_photo_is_embedded_once_per_batch(release, tmp_path, fakes):
+    out = tmp_path / "clip"
+    assert score(release, out, "--backend", "clip", "--model", "fake/clip", "--model-revision", "abc123",
+                 "--batch-size", "3", "--chunk-size", "5") == 0
+    questions = load_cvqa(release).questions
+    encoder = FakeDualEncoder(None)
+    for condition in ALL:
+        got = saved_scores(out, condition)["score"]
+        for q, row in zip(questions, got):
+            image = encoder.embed_images([photo(q.image_id)])[0]
+            want = (encoder.embed_texts(full_texts(q, condition, "plain")) @ image).numpy()
+            np.testing.assert_allclose(row, want, rtol=1e-5, atol=1e-6)
+        blind = saved_scores(out, f"{condition}.blind")["score"]
+        blank = encoder.embed_images([None])[0]
+        np.testing.assert_allclose(blind[0], (encoder.embed_texts(full_texts(questions[0], condition, "plain"))
+                                              @ blank).numpy(), rtol=1e-5, atol=1e-6)
+    # chunks [0:5] [5:7] in batches of 3 questions: photos 1001,1002 | blank (once) | 2001,2002 || 3001
+    assert fakes[0].image_calls == [2, 1, 2, 1]
+    results = json.loads((out / "cvqa_results.json").read_text())
+    assert (results["backend"], results["model"], results["model_revision"], results["revision"]) == (
+        "clip", "fake/clip", "abc123", REVISION)
+    assert results["rendered_prompts"]["en-aware"] == "\n".join(full_texts(questions[0], "en-aware", "plain"))
+    assert results["template"] == "plain" and set(results["text_only"]) == set(ALL)
+    with open(out / "predictions_en-aware.csv", newline="", encoding="utf-8") as f:
+        preds = [int(r["Prediction"]) for r in csv.DictReader(f)]
+    assert preds == saved_scores(out, "en-aware")["score"].argmax(1).tolist()
+
+
+@pytest.mark.parametrize("rule", ["letter", "open"])
+def test_mllm_rules_match_a_direct_computation(release, tmp_path, fakes, rule):
+    out = tmp_path / rule
+    assert score(release, out, "--backend", "mllm", "--model", "fake/llava", "--rule", rule,
+                 "--conditions", "en-aware", "loc-agnostic", "--batch-size", "4", "--no-text-only") == 0
+    questions = load_cvqa(release).questions
+    model = FakeGenerative(type("Spec", (), {"model": "fake/llava"})())
+    for condition in ("en-aware", "loc-agnostic"):
+        got = saved_scores(out, condition)
+        for q, k in zip(questions, range(len(questions))):
+            prompt = [generative_prompt(q, condition, rule)]
+            if rule == "letter":
+                want = model.choice_logits([[photo(q.image_id)]], prompt, LETTERS)[0].numpy()
+                np.testing.assert_allclose(got["score"][k], want, rtol=1e-5, atol=1e-6)
+            else:
+                sums, counts = model.continuation_logprobs([[photo(q.image_id)]], prompt,
+                                                           [open_answers(q, condition)])
+                np.testing.assert_allclose(got["score"][k], sums[0].numpy(), rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(got["length_normalised"][k], (sums[0] / counts[0]).numpy(), rtol=1e-5, atol=1e-6)
+    assert fakes[0].calls == 2 * 2   # one call per batch of 4 questions, per condition
+    results = json.loads((out / "cvqa_results.json").read_text())
+    assert results["rule"] == rule and results["prompts_version"] == "cvqa-mllm-prompts-v1"
+    assert results["rendered_prompts"]["en-aware"] == model.render(generative_prompt(questions[0], "en-aware",
+                                                                                     rule), 1)
+    assert ("length_normalised" in results["variants"]) == (rule == "open")
+    if rule == "letter":
+        assert "A. dosa\nB. idli\nC. vada\nD. upma\nShort Answer:" in results["rendered_prompts"]["en-aware"]
+
+
+def test_batch_size_and_chunking_do_not_change_scores(release, tmp_path, fakes):
+    runs = {}
+    for label, extra in {"one": ["--batch-size", "1", "--chunk-size", "1"],
+                         "big": ["--batch-size", "7", "--chunk-size", "64"]}.items():
+        assert score(release, tmp_path / label, "--backend", "mllm", "--model", "fake/m", "--conditions",
+                     "loc-aware", *extra) == 0
+        runs[label] = saved_scores(tmp_path / label, "loc-aware")["score"]
+    np.testing.assert_array_equal(runs["one"], runs["big"])
+
+
+def test_killed_run_resumes_where_it_stopped_and_a_changed_revision_is_refused(release, tmp_path, fakes,
+                                                                              monkeypatch, capsys):
+    args = ["--backend", "mllm", "--model", "fake/m", "--model-revision", "r1", "--chunk-size", "2",
+            "--batch-size", "2", "--conditions", "en-aware", "loc-aware"]
+    assert score(release, tmp_path / "whole", *args) == 0
+    original = FakeGenerative.choice_logits
+    calls = {"n": 0}
+
+    def dies_on_the_fifth_call(self, *a):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt   # what a kill leaves: the chunks saved so far
+        return original(self, *a)
+
+    monkeypatch.setattr(FakeGenerative, "choice_logits", dies_on_the_fifth_call)
+    with pytest.raises(KeyboardInterrupt):
+        score(release, tmp_path / "killed", *args)
+    assert not (tmp_path / "killed" / "cvqa_results.json").exists()
+    monkeypatch.setattr(FakeGenerative, "choice_logits", original)
+    LOADED.clear()
+    assert score(release, tmp_path / "killed", *args) == 0
+    # 4 chunks x 2 passes x 2 (text-only) = 16 batch calls in all; 4 were saved before the kill
+    assert LOADED[0].calls == 16 - 4
+    for name in ("en-aware", "loc-aware", "en-aware.blind"):
+        np.testing.assert_array_equal(saved_scores(tmp_path / "whole", name)["score"],
+                                      saved_scores(tmp_path / "killed", name)["score"])
+    whole = json.loads((tmp_path / "whole" / "cvqa_results.json").read_text())
+    resumed = json.loads((tmp_path / "killed" / "cvqa_results.json").read_text())
+    assert whole["runs"] == resumed["runs"] and whole["text_only"] == resumed["text_only"]
+    capsys.readouterr()
+    changed = [a if a != "r1" else "r2" for a in args]
+    assert score(release, tmp_path / "killed", *changed) == 2
+    err = capsys.readouterr().err
+    assert "model_revision 'r1' but this run has 'r2'; refusing to mix them" in err and err.count("\n") == 1
+
+
+def test_letter_that_is_not_one_token_suggests_the_open_rule(release, tmp_path, fakes, monkeypatch, capsys):
+    monkeypatch.setattr(FakeGenerative, "letters_ok", ("A", "B", "D"))
+    assert score(release, tmp_path / "x", "--backend", "mllm", "--model", "fake/odd", "--conditions",
+                 "en-aware") == 2
+    err = capsys.readouterr().err
+    assert "fake/odd: 'C' is not one token" in err and "--rule open" in err and err.count("\n") == 1
+
+
+def test_photos_that_fail_to_decode_are_listed_and_scored_as_missing(tmp_path, fakes):
+    import pyarrow.parquet as pq
+
+    data = write_release(tmp_path, "latest")
+    shard = data / "test-00001-of-00002.parquet"
+    table = pq.read_table(shard).to_pylist()
+    for row in table:
+        if row["ID"].startswith("3001"):
+            row["image"] = {"bytes": b"not an image at all", "path": "x.png"}
+    pq.write_table(pq.read_table(shard).from_pylist(table, schema=pq.read_schema(shard)), shard)
+    out = tmp_path / "out"
+    assert score(data, out, "--backend", "clip", "--model", "fake/clip", "--conditions", "en-aware") == 0
+    results = json.loads((out / "cvqa_results.json").read_text())
+    assert results["missing_images"] == ["3001"] and "UnidentifiedImageError" in results["failed_images"]["3001"]
+    got, blind = saved_scores(out, "en-aware")["score"], saved_scores(out, "en-aware.blind")["score"]
+    np.testing.assert_array_equal(got[-2:], blind[-2:])          # the broken photo's questions = text-only
+    assert not np.allclose(got[:-2], blind[:-2])
+
+
+def _csv(path: Path, rows) -> str:
+    path.write_text("\n".join(",".join(map(str, r)) for r in rows) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_import_scores_predictions_made_elsewhere(release, tmp_path, capsys):
+    good = _csv(tmp_path / "gpt4o.csv", [("ID", "Prediction")] + [(r[0], r[6]) for r in ROWS])
+    wrong = _csv(tmp_path / "zeros.csv", [("ID", "Prediction")] + [(r[0], 0) for r in ROWS])
+    out = tmp_path / "imported"
+    assert score(release, out, "--backend", "import", "--conditions", "en-aware", "loc-aware",
+                 "--predictions", f"en-aware={good}", f"loc-aware={wrong}") == 0
+    results = json.loads((out / "cvqa_results.json").read_text())
+    assert results["runs"]["en-aware"]["micro"] == 100.0
+    assert results["runs"]["loc-aware"]["micro"] == pytest.approx(100 * sum(r[6] == 0 for r in ROWS) / len(ROWS))
+    assert results["backend"] == "import" and results["model_revision"].startswith("sha1:")
+    assert results["text_only"] == {}
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([("ID", "Prediction"), ("1001_0", 1), ("9999_0", 2)], "bad.csv line 3: unknown ID '9999_0'"),
+    ([("ID", "Prediction"), ("1001_0", 4)], "bad.csv line 2: Prediction '4' for ID '1001_0' is not an option"),
+    ([("ID", "Prediction"), ("1001_0", 1), ("1001_0", 1)], "bad.csv line 3: ID '1001_0' appears twice"),
+    ([("id", "pred")], "bad.csv line 1: expected the header ID,Prediction"),
+    ([("ID", "Prediction"), ("1001_0", 1)], "bad.csv: no prediction for 6 question(s), first ID '1001_1'"),
+])
+def test_import_errors_name_the_line(release, tmp_path, capsys, rows, message):
+    bad = _csv(tmp_path / "bad.csv", rows)
+    assert score(release, tmp_path / "o", "--backend", "import", "--conditions", "en-aware", "--predictions",
+                 bad) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_unknown_backend_lists_the_supported_ones(release, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        score(release, tmp_path, "--backend", "gpt5")
+    assert exit_.value.code == 2
+    assert "invalid choice: 'gpt5' (choose from 'zoo', 'clip', 'mclip', 'mllm', 'import')" in capsys.readouterr().err
+
+
+def test_zoo_backend_still_needs_its_files(release, tmp_path, capsys):
+    assert score(release, tmp_path, "--features", "f") == 2
+    assert "--backend zoo needs --config, --checkpoint, --bert_model" in capsys.readouterr().err

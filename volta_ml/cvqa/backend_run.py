@@ -1,0 +1,229 @@
+"""A CVQA run with a `backends` scorer (clip, mclip, mllm, import): batched, sharded, chunked and resumable.
+
+`run_backend(args_dict)` is what `volta-ml cvqa score --backend clip|mclip|mllm|import` calls (the `zoo` backend
+runs through `run.run_cvqa`). The questions are cut into chunks (`chunks.py`); under torchrun or Slurm, chunk
+`k` goes to rank `k % world_size` and rank 0 gathers the scores (the arrays themselves, so the result is
+bit-identical to one process). Within a chunk the photos of each batch are decoded once and scored under every
+condition and the text-only control; a photo that fails to decode is listed and scored like the control.
+The result folder has the zoo path's layout: `cvqa_results.json`, `predictions_<condition>.csv`,
+`submission_<condition>.csv`, tables, plot.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from tqdm import tqdm
+
+from volta_ml.atomic import atomic_write_json
+
+from .backends import build_scorer
+from .chunks import ChunkStore
+from .data import HIDDEN_LABEL, CVQADataset, load_cvqa
+from .prompts import CONDITIONS, parse_condition
+from .report import accuracy_summary, en_loc_gap, plot_pairs, write_submission, write_tables
+from .run import _write_predictions
+from .zoo import predict
+
+DEFAULTS = {
+    "revision": None, "conditions": list(CONDITIONS), "template": None, "rule": "letter", "model": None,
+    "model_revision": None, "image_model": None, "dtype": "fp32", "device": "auto", "device_map": None,
+    "batch_size": 8, "chunk_size": 256, "text_only": True, "limit": None, "progress": True, "predictions": None,
+    "max_side": None, "max_pixels": None,
+}
+REQUIRED = ("data", "backend", "output_dir")
+
+
+def run_backend(args_dict: dict) -> str | None:
+    """Score CVQA with one backend and write every result file; returns the path of `cvqa_results.json` (None on
+    ranks other than 0). Keys: `DEFAULTS` and `REQUIRED`; `batch_size` counts questions per forward,
+    `chunk_size` questions per resumable chunk."""
+    from volta_ml.engine.distributed import init_distributed, shutdown
+    from volta_ml.features.images import DEFAULT_MAX_PIXELS
+
+    unknown = set(args_dict) - set(DEFAULTS) - set(REQUIRED)
+    if unknown:
+        raise KeyError(f"run_backend: unknown argument(s) {sorted(unknown)}; known: {sorted(DEFAULTS) + list(REQUIRED)}")
+    missing = [k for k in REQUIRED if not args_dict.get(k)]
+    if missing:
+        raise KeyError(f"run_backend: missing required argument(s) {missing}")
+    args = {**DEFAULTS, **args_dict, "max_pixels": args_dict.get("max_pixels") or DEFAULT_MAX_PIXELS}
+    for condition in args["conditions"]:
+        parse_condition(condition)
+    for key in ("batch_size", "chunk_size"):
+        if int(args[key]) < 1:
+            raise ValueError(f"--{key.replace('_', '-')} must be at least 1, got {args[key]}")
+    dataset = load_cvqa(args["data"], revision=args["revision"], limit=args["limit"])
+    info = init_distributed(device=None if args["device_map"] else args["device"])
+    try:
+        scorer = build_scorer(args, dataset.questions, str(info.device))
+        passes = [(c, False) for c in args["conditions"]]
+        if args["text_only"] and scorer.needs_images:
+            passes += [(c, True) for c in args["conditions"]]
+        header = _header(args, dataset, scorer)
+        out_dir = Path(args["output_dir"])
+        store = ChunkStore(out_dir / "chunks", {**header, "data_revision": dataset.revision,
+                                                "questions_sha1": _questions_sha1(dataset)}, write=info.is_main)
+        started = time.time()
+        scores, failures, timing = score_passes(scorer, dataset, passes, store, info, args)
+        if not info.is_main:
+            return None
+        path = _write_results(args, dataset, scorer, header, scores, failures, timing, out_dir)
+        print(f"{len(dataset.questions)} questions x {len(passes)} passes in {time.time() - started:.1f} s",
+              file=sys.stderr)
+        return path
+    finally:
+        shutdown(info)   # the command ends with engine.distributed.finish_process (see cli.py)
+
+
+def pass_name(condition: str, blind: bool) -> str:
+    return f"{condition}.blind" if blind else condition
+
+
+def score_passes(scorer, dataset: CVQADataset, passes, store: ChunkStore, info, args: dict):
+    """({pass name: {name: [N, 4]}}, {image id: decode error}, {pass name: timing}) on rank 0; on other ranks the
+    first two are empty. Each rank scores its chunks (skipping those already saved) and rank 0 gathers them."""
+    from volta_ml.engine.distributed import gather_objects
+
+    questions, chunk_size = dataset.questions, int(args["chunk_size"])
+    mine = list(range(0, len(questions), chunk_size))[info.rank::info.world_size]
+    names = [pass_name(c, b) for c, b in passes]
+    local: dict[tuple[str, int], dict] = {}
+    failures: dict[str, str] = {}
+    seconds = dict.fromkeys(names, 0.0)
+    computed = dict.fromkeys(names, 0)
+    bar = tqdm(total=sum(len(questions[s:s + chunk_size]) for s in mine) * len(passes), unit="q",
+               desc=f"CVQA {scorer.backend}", disable=not (args["progress"] and info.is_main), smoothing=0.1)
+    for start in mine:
+        chunk = questions[start:start + chunk_size]
+        todo = []
+        for (condition, blind), name in zip(passes, names):
+            saved = store.load(name, start, len(chunk))
+            if saved is None:
+                todo.append((condition, blind, name))
+            else:
+                local[name, start] = saved
+                bar.update(len(chunk))
+        need_photos = scorer.needs_images and any(not blind for _, blind, _ in todo)
+        chunk_failures = {} if need_photos else (store.load_failures(start) or {})
+        parts: dict[str, list[dict]] = {name: [] for *_, name in todo}
+        for batch, photos, failed in photo_batches(dataset, chunk, int(args["batch_size"]), need_photos, args):
+            chunk_failures.update(failed)
+            for condition, blind, name in todo:
+                tic = time.perf_counter()
+                parts[name].append(scorer.score(batch, photos, condition, blind))
+                seconds[name] += time.perf_counter() - tic
+                computed[name] += len(batch)
+                bar.update(len(batch))
+        if need_photos:
+            store.save_failures(start, chunk_failures)
+        for name, pieces in parts.items():
+            arrays = {key: np.concatenate([p[key] for p in pieces]) for key in pieces[0]}
+            store.save(name, start, arrays)
+            local[name, start] = arrays
+        failures.update(chunk_failures)
+    bar.close()
+    gathered = gather_objects((local, failures, seconds, computed), info)
+    if not info.is_main:
+        return {}, {}, {}
+    merged: dict[tuple[str, int], dict] = {}
+    for part, failed, _, _ in gathered:
+        merged.update(part)
+        failures.update(failed)
+    starts = range(0, len(questions), chunk_size)
+    scores = {name: {key: np.concatenate([merged[name, s][key] for s in starts]) for key in merged[name, 0]}
+              for name in names}
+    timing = {}
+    for name in names:
+        spent, done = sum(g[2][name] for g in gathered), sum(g[3][name] for g in gathered)
+        timing[name] = {"seconds": round(spent, 3), "questions_scored": done,
+                        "questions_per_second": round(done / spent, 2) if spent > 0 else None}
+    return scores, dict(sorted(failures.items())), timing
+
+
+def photo_batches(dataset: CVQADataset, chunk, batch_size: int, need_photos: bool, args: dict):
+    """(questions, {image id: PIL image or None}, {image id: decode error}) per batch of `batch_size` questions;
+    each photo is decoded once per batch (and kept for the next batch when it shares it)."""
+    if not need_photos:
+        for i in range(0, len(chunk), batch_size):
+            yield chunk[i:i + batch_size], {}, {}
+        return
+    encoded = dataset.iter_images(list(dict.fromkeys(q.image_id for q in chunk)))
+    fetched: dict[str, bytes] = {}
+    photos: dict = {}
+    for i in range(0, len(chunk), batch_size):
+        batch = chunk[i:i + batch_size]
+        wanted = list(dict.fromkeys(q.image_id for q in batch))
+        while not all(w in fetched or w in photos for w in wanted):
+            image_id, data = next(encoded)
+            fetched[image_id] = data
+        failed: dict[str, str] = {}
+        photos = {w: photos[w] if w in photos else decode_photo(fetched[w], w, args, failed) for w in wanted}
+        yield batch, photos, failed
+
+
+def decode_photo(data: bytes, image_id: str, args: dict, failed: dict):
+    """RGB `PIL.Image` (EXIF orientation applied, as `datasets` decodes), or None (reason put in `failed`)."""
+    from PIL import Image, ImageOps
+
+    from volta_ml.features.images import ImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as probe:
+            width, height = probe.size
+        if width * height > args["max_pixels"]:
+            raise ImageError(f"{width}x{height} pixels exceeds --max-pixels {args['max_pixels']} (possible "
+                             "decompression bomb)")
+        image = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
+        if args["max_side"] and max(image.size) > args["max_side"]:
+            image.thumbnail((args["max_side"], args["max_side"]), Image.Resampling.BICUBIC)
+        return image
+    except Exception as err:   # one bad photo must not end the run: it is listed and scored as missing
+        failed[image_id] = f"{type(err).__name__}: {err}"
+        return None
+
+
+def _questions_sha1(dataset: CVQADataset) -> str:
+    return hashlib.sha1("\n".join(q.id for q in dataset.questions).encode()).hexdigest()
+
+
+def _header(args: dict, dataset: CVQADataset, scorer) -> dict:
+    return {"backend": scorer.backend, **scorer.header(), "revision": dataset.revision, "data": str(dataset.root),
+            "chunk_size": int(args["chunk_size"]), "max_side": args["max_side"], "max_pixels": args["max_pixels"]}
+
+
+def _write_results(args, dataset, scorer, header, scores, failures, timing, out_dir: Path) -> str:
+    questions = dataset.questions
+    results = {**header, "shards": [s.name for s in dataset.shards], "questions": len(questions),
+               "labelled": sum(q.label != HIDDEN_LABEL for q in questions), "hidden_labels": dataset.hidden_labels,
+               "images": len(dataset.image_ids), "missing_images": list(failures), "failed_images": failures,
+               "settings": {k: args[k] for k in ("batch_size", "limit", "text_only", "device", "conditions")},
+               "rendered_prompts": {c: scorer.rendered_prompt(questions[0], c) for c in args["conditions"]},
+               "random_baseline": 25.0, "runs": {}, "text_only": {}, "variants": {}, "timing": timing}
+    files = []
+    for condition in args["conditions"]:
+        arrays = scores[condition]
+        scored = SimpleNamespace(condition=condition, scores=arrays["score"], predictions=predict(arrays["score"]))
+        _write_predictions(out_dir / f"predictions_{condition}.csv", dataset, scored)
+        write_submission(out_dir / f"submission_{condition}.csv", questions, scored.predictions)
+        files += [f"predictions_{condition}.csv", f"submission_{condition}.csv"]
+        results["runs"][condition] = accuracy_summary(questions, scored.predictions)
+        for variant in (k for k in arrays if k != "score"):
+            results["variants"].setdefault(variant, {})[condition] = accuracy_summary(questions,
+                                                                                      predict(arrays[variant]))
+        blind = scores.get(pass_name(condition, True))
+        if blind is not None:
+            results["text_only"][condition] = accuracy_summary(questions, predict(blind["score"]))
+    results["en_loc_gap"] = en_loc_gap(results["runs"])
+    results["files"] = [p.name for p in write_tables(results, out_dir)]
+    if not dataset.hidden_labels:
+        results["files"].append(plot_pairs(results, out_dir / "cvqa_pairs.png").name)
+    results["files"] += files
+    path = out_dir / "cvqa_results.json"
+    atomic_write_json(path, results, indent=2, ensure_ascii=False)
+    return str(path)

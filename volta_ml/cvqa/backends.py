@@ -1,0 +1,248 @@
+"""CVQA scoring backends: one interface, one table.
+
+A scorer turns a batch of questions (with their decoded photos) into per-option scores under one prompt
+condition; higher is better and the prediction is the best option (ties to the lowest index, `zoo.predict`):
+
+    scorer.score(questions, photos, condition, blind) -> {"score": [N, 4] float64, <variant>: [N, 4], ...}
+
+`photos` maps image id -> `PIL.Image` (RGB), or None for a photo that failed to decode (scored like the blind
+control, as the zoo path scores a photo missing from its feature store). `blind=True` is the text-only control:
+every image is None (the backend's blank image / no image). The backends:
+
+- `zoo`: a VOLTA-zoo checkpoint's matching head over region features (`zoo.py`, run by `run.py`).
+- `clip` / `mclip`: a dual encoder (`volta_ml.hf`); each photo is embedded once per batch for every condition,
+  the 4 "question + option" texts of a question are embedded together, score = cosine similarity.
+- `mllm`: a generative model (`volta_ml.hf`), rule `letter` (the paper's MMLU-style prompt with lettered options;
+  score = next-token logit of "A".."D", one forward per question) or `open` (no options in the prompt; score =
+  total log-probability of the option's full text; variant `length_normalised` = per token).
+- `import`: predictions made elsewhere (GPT-4o, Gemini, ...) as a CSV `ID,Prediction`; score = one-hot.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+import torch
+
+from .data import CVQAQuestion
+from .prompts import (GENERATIVE_PROMPTS_VERSION, LETTERS, PROMPTS_VERSION, full_texts, generative_prompt,
+                      open_answers)
+
+NUM_OPTIONS = 4
+BACKENDS = {
+    "zoo": "a VOLTA-zoo checkpoint's image-text matching head over region features (--checkpoint, --features)",
+    "clip": "a transformers CLIP-family dual encoder (CLIP, SigLIP): cosine of image and 'question + option'",
+    "mclip": "M-CLIP: XLM-R text tower + projection, with the OpenAI CLIP image tower it was trained against",
+    "mllm": "a generative image-text model (LLaVA, InstructBLIP, BLIP-2/mBLIP): --rule letter | open",
+    "import": "predictions made elsewhere: --predictions CONDITION=ID,Prediction CSV",
+}
+RULES = ("letter", "open")
+
+
+class CVQAScorer(Protocol):
+    backend: str
+    needs_images: bool
+
+    def header(self) -> dict:
+        """model, model_revision, rule, dtype, score_convention, template, prompts_version (result files)."""
+
+    def rendered_prompt(self, question: CVQAQuestion, condition: str) -> str:
+        """The exact text the model sees for `question` (recorded for the first question of each condition)."""
+
+    def score(self, questions: Sequence[CVQAQuestion], photos: dict, condition: str, blind: bool) -> dict:
+        """{"score": [N, 4] float64, optional variants}: higher = better option."""
+
+
+def _spec_header(spec) -> dict:
+    return {"model": spec.model, "model_revision": spec.revision, "dtype": spec.dtype,
+            "device_map": spec.device_map}
+
+
+class DualEncoderScorer:
+    """Cosine similarity of the image embedding with each "question + option" text embedding."""
+    needs_images = True
+
+    def __init__(self, encoder, backend: str, template: str = "plain"):
+        self.encoder, self.backend, self.template = encoder, backend, template
+        self._photos: dict | None = None
+        self._image_rows: dict[str, torch.Tensor] = {}
+        self._blank: torch.Tensor | None = None
+
+    def header(self) -> dict:
+        return {**_spec_header(self.encoder.spec), "rule": None, "template": self.template,
+                "prompts_version": PROMPTS_VERSION, "score_convention": "cosine(image, question + option)"}
+
+    def rendered_prompt(self, question: CVQAQuestion, condition: str) -> str:
+        return "\n".join(full_texts(question, condition, self.template))
+
+    def _image_embeddings(self, questions, photos: dict, blind: bool) -> torch.Tensor:
+        if blind:
+            if self._blank is None:
+                self._blank = self.encoder.embed_images([None])[0]
+            return self._blank.expand(len(questions), -1)
+        if photos is not self._photos:   # a new batch of photos: embed each one once, reused by every condition
+            ids = list(dict.fromkeys(q.image_id for q in questions))
+            self._image_rows = dict(zip(ids, self.encoder.embed_images([photos.get(i) for i in ids])))
+            self._photos = photos
+        return torch.stack([self._image_rows[q.image_id] for q in questions])
+
+    def score(self, questions, photos, condition, blind=False) -> dict:
+        images = self._image_embeddings(questions, photos, blind)
+        texts = self.encoder.embed_texts([t for q in questions for t in full_texts(q, condition, self.template)])
+        scores = (texts.view(len(questions), NUM_OPTIONS, -1) * images[:, None, :]).sum(-1)
+        return {"score": scores.double().numpy()}
+
+
+class GenerativeScorer:
+    """The paper's rules for generative models: `letter` (next-token logits of A-D) or `open` (answer log-prob)."""
+    needs_images = True
+
+    def __init__(self, model, rule: str):
+        if rule not in RULES:
+            raise ValueError(f"--rule {rule!r}: known rules: {', '.join(RULES)}")
+        self.model, self.rule, self.backend = model, rule, "mllm"
+
+    def header(self) -> dict:
+        convention = ("next-token logit of the option letter" if self.rule == "letter" else
+                      "total log-probability of the option text (variant length_normalised: per token)")
+        return {**_spec_header(self.model.spec), "rule": self.rule, "template": self.rule,
+                "prompts_version": GENERATIVE_PROMPTS_VERSION, "score_convention": convention}
+
+    def rendered_prompt(self, question: CVQAQuestion, condition: str) -> str:
+        return self.model.render(generative_prompt(question, condition, self.rule), 1)
+
+    def score(self, questions, photos, condition, blind=False) -> dict:
+        from volta_ml.hf.base import ChoiceTokenError
+
+        images = [[None if blind else photos.get(q.image_id)] for q in questions]
+        prompts = [generative_prompt(q, condition, self.rule) for q in questions]
+        if self.rule == "letter":
+            try:
+                logits = self.model.choice_logits(images, prompts, LETTERS)
+            except ChoiceTokenError as err:
+                raise ChoiceTokenError(f"{err}; score this model with --rule open (full option text)") from None
+            return {"score": logits.double().numpy()}
+        sums, counts = self.model.continuation_logprobs(images, prompts, [open_answers(q, condition)
+                                                                          for q in questions])
+        sums = sums.double()
+        return {"score": sums.numpy(), "length_normalised": (sums / counts.double().clamp(min=1)).numpy()}
+
+
+class ImportedPredictions:
+    """Predictions made elsewhere, one CSV `ID,Prediction` (option index 0-3) per condition."""
+    needs_images = False
+    backend = "import"
+
+    def __init__(self, files: dict[str, str], questions: Sequence[CVQAQuestion], strict_ids: bool = True):
+        known = {q.id for q in questions}
+        self.files = {c: str(p) for c, p in files.items()}
+        self.predictions = {c: read_predictions(p, known, strict_ids) for c, p in files.items()}
+        digest = hashlib.sha1()
+        for condition in sorted(files):
+            digest.update(condition.encode() + Path(files[condition]).read_bytes())
+        self.digest = digest.hexdigest()[:16]
+
+    def header(self) -> dict:
+        return {"model": ",".join(Path(p).stem for p in dict.fromkeys(self.files.values())),
+                "model_revision": f"sha1:{self.digest}", "dtype": None, "device_map": None, "rule": None,
+                "template": None, "prompts_version": None, "score_convention": "imported prediction (one-hot)",
+                "prediction_files": self.files}
+
+    def rendered_prompt(self, question: CVQAQuestion, condition: str) -> str:
+        return f"(imported from {self.files[condition]})"
+
+    def score(self, questions, photos, condition, blind=False) -> dict:
+        if blind:
+            raise ValueError("the import backend has no text-only control; run it with --no-text-only")
+        if condition not in self.predictions:
+            raise ValueError(f"--predictions has no file for condition {condition!r} "
+                             f"(given: {', '.join(self.predictions)})")
+        table = self.predictions[condition]
+        missing = [q.id for q in questions if q.id not in table]
+        if missing:
+            raise ValueError(f"{self.files[condition]}: no prediction for {len(missing)} question(s), "
+                             f"first ID {missing[0]!r}")
+        scores = np.zeros((len(questions), NUM_OPTIONS))
+        scores[np.arange(len(questions)), [table[q.id] for q in questions]] = 1.0
+        return {"score": scores}
+
+
+def read_predictions(path: str, known_ids: set[str], strict_ids: bool = True) -> dict[str, int]:
+    """`ID,Prediction` rows -> {ID: option index}; a bad row is a one-line error naming the file and line."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--predictions {path}: no such file")
+    out: dict[str, int] = {}
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        header = [h.strip() for h in next(reader, [])]
+        if header[:2] != ["ID", "Prediction"]:
+            raise ValueError(f"{path} line 1: expected the header ID,Prediction, got {','.join(header)!r}")
+        for line, row in enumerate(reader, start=2):
+            if not row:
+                continue
+            qid, value = (row + [""])[:2]
+            qid, value = qid.strip(), value.strip()
+            if qid not in known_ids:
+                if strict_ids:
+                    raise ValueError(f"{path} line {line}: unknown ID {qid!r} (not a question of this release)")
+                continue
+            if value not in ("0", "1", "2", "3"):
+                raise ValueError(f"{path} line {line}: Prediction {value!r} for ID {qid!r} is not an option "
+                                 "index 0-3")
+            if qid in out:
+                raise ValueError(f"{path} line {line}: ID {qid!r} appears twice")
+            out[qid] = int(value)
+    return out
+
+
+def parse_prediction_files(values: Sequence[str], conditions: Sequence[str]) -> dict[str, str]:
+    """`--predictions CONDITION=PATH ...`, or one bare PATH when one condition is scored."""
+    files = {}
+    for value in values:
+        condition, sep, path = value.partition("=")
+        if not sep:
+            if len(conditions) != 1:
+                raise ValueError(f"--predictions {value}: name the condition (CONDITION=PATH) when scoring "
+                                 f"{len(conditions)} conditions")
+            condition, path = conditions[0], value
+        if condition not in conditions:
+            raise ValueError(f"--predictions {value}: condition {condition!r} is not among --conditions "
+                             f"{' '.join(conditions)}")
+        files[condition] = path
+    missing = [c for c in conditions if c not in files]
+    if missing:
+        raise ValueError(f"--predictions: no file for condition(s) {', '.join(missing)}")
+    return files
+
+
+def _dual_encoder(model, args: dict) -> CVQAScorer:
+    return DualEncoderScorer(model, args["backend"], args["template"] or "plain")
+
+
+def _generative(model, args: dict) -> CVQAScorer:
+    return GenerativeScorer(model, args["rule"])
+
+
+BUILDERS = {"clip": _dual_encoder, "mclip": _dual_encoder, "mllm": _generative}   # volta_ml.hf kinds
+
+
+def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> CVQAScorer:
+    """The scorer for `args["backend"]` (any key of BACKENDS except `zoo`, which `run.run_cvqa` runs)."""
+    backend = args["backend"]
+    if backend == "import":
+        return ImportedPredictions(parse_prediction_files(args["predictions"] or [], args["conditions"]),
+                                   questions, strict_ids=args["limit"] is None)
+    if backend not in BUILDERS:
+        raise ValueError(f"unknown CVQA backend {backend!r}; supported: {', '.join(BACKENDS)}")
+    if not args.get("model"):
+        raise ValueError(f"--backend {backend} needs --model (a local folder or a hub id)")
+    from volta_ml.hf import load_backend
+    from volta_ml.hf.base import ModelSpec
+
+    extra = {"image_model": args["image_model"]} if args.get("image_model") else {}
+    spec = ModelSpec(model=args["model"], revision=args["model_revision"], dtype=args["dtype"], device=device,
+                     device_map=args["device_map"], extra=extra)
+    return BUILDERS[backend](load_backend(backend, spec), args)
