@@ -220,3 +220,34 @@ def test_unknown_backend_lists_the_supported_ones(release, tmp_path, capsys):
 def test_zoo_backend_still_needs_its_files(release, tmp_path, capsys):
     assert score(release, tmp_path, "--features", "f") == 2
     assert "--backend zoo needs --config, --checkpoint, --bert_model" in capsys.readouterr().err
+
+
+def test_two_gloo_ranks_give_the_same_files_as_one_process(release, tmp_path, fakes):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    script = str(repo / "tests" / "cvqa_fake_backends.py")
+    args = ["cvqa", "score", "--data", str(release), "--backend", "mllm", "--model", "fake/m", "--rule", "open",
+            "--conditions", "en-aware", "loc-agnostic", "--chunk-size", "2", "--batch-size", "2", "--device",
+            "cpu", "--no-progress"]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    done = subprocess.run(torchrun + [script] + args + ["--output_dir", str(tmp_path / "two")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert main(args + ["--output_dir", str(tmp_path / "one")]) == 0
+    for name in ("en-aware", "loc-agnostic", "en-aware.blind"):
+        one, two = saved_scores(tmp_path / "one", name), saved_scores(tmp_path / "two", name)
+        for key in one:
+            np.testing.assert_array_equal(one[key], two[key])
+    for name in ("predictions_en-aware.csv", "submission_loc-agnostic.csv", "cvqa_pair.csv"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+    a, b = (json.loads((tmp_path / k / "cvqa_results.json").read_text()) for k in ("one", "two"))
+    assert a["runs"] == b["runs"] and a["variants"] == b["variants"] and a["text_only"] == b["text_only"]
+    assert a["timing"]["en-aware"]["questions_scored"] == b["timing"]["en-aware"]["questions_scored"] == len(ROWS)
