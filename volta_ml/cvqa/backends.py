@@ -123,6 +123,8 @@ class GenerativeScorer:
             try:
                 logits = self.model.choice_logits(images, prompts, LETTERS)
             except ChoiceTokenError as err:
+                if "--rule open" in str(err):
+                    raise
                 raise ChoiceTokenError(f"{err}; score this model with --rule open (full option text)") from None
             return {"score": logits.double().numpy()}
         sums, counts = self.model.continuation_logprobs(images, prompts, [open_answers(q, condition)

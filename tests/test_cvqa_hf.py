@@ -1,0 +1,202 @@
+"""`volta-ml cvqa score` with tiny random Hugging Face models (tests/helpers_hf.py), loaded back through the CLI.
+
+Each backend's saved scores (batches of several questions, left/right padding, KV-cache reuse for the open rule)
+equal a reference computed here one question at a time with a plain forward and a log-softmax.
+"""
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from _cvqa_fixture import image_png, write_release
+from helpers_hf import build, spec_extra
+
+from volta_ml.cli import main
+from volta_ml.cvqa.data import load_cvqa
+from volta_ml.cvqa.prompts import LETTERS, full_texts, generative_prompt, open_answers
+
+REPO = Path(__file__).resolve().parents[1]
+CONDITIONS = ["en-aware", "loc-agnostic"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("cvqa_hf")
+
+
+@pytest.fixture(scope="module")
+def release(root):
+    return write_release(root, "latest")
+
+
+def run_cli(release, out, backend, model, *extra) -> dict:
+    code = main(["cvqa", "score", "--backend", backend, "--model", str(model), "--data", str(release),
+                 "--output_dir", str(out), "--device", "cpu", "--no-progress", "--conditions", *CONDITIONS,
+                 "--batch-size", "3", "--chunk-size", "5", *extra])
+    assert code == 0
+    return json.loads((out / "cvqa_results.json").read_text())
+
+
+def saved(out: Path, name: str) -> dict:
+    parts = [dict(np.load(p)) for p in sorted((out / "chunks" / name).glob("*.npz"))]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def photo(image_id):
+    from PIL import Image
+
+    return Image.open(io.BytesIO(image_png(image_id))).convert("RGB")
+
+
+def _features(out):
+    return out if isinstance(out, torch.Tensor) else out.pooler_output
+
+
+def _cosines(image: torch.Tensor, texts: torch.Tensor) -> np.ndarray:
+    return (F.normalize(texts.float(), dim=-1) @ F.normalize(image.float(), dim=-1)).numpy()
+
+
+@functools.lru_cache(maxsize=None)
+def loaded(path, model_class: str, processor_class: str = "AutoProcessor"):
+    import transformers
+
+    return (getattr(transformers, model_class).from_pretrained(path).eval(),
+            getattr(transformers, processor_class).from_pretrained(path))
+
+
+@torch.inference_mode()
+def clip_reference(path, question, condition):
+    model, proc = loaded(path, "CLIPModel", "CLIPProcessor")
+    image = _features(model.get_image_features(**proc(images=[photo(question.image_id)], return_tensors="pt")))[0]
+    texts = torch.cat([_features(model.get_text_features(**proc(text=[t], return_tensors="pt")))
+                       for t in full_texts(question, condition, "plain")])
+    return _cosines(image, texts)
+
+
+@torch.inference_mode()
+def mclip_reference(path, question, condition):
+    """The multilingual-clip package's forward: XLM-R, mean over the attention mask, one linear layer."""
+    from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
+
+    state = torch.load(Path(path) / "pytorch_model.bin", weights_only=True)
+    text = XLMRobertaModel(XLMRobertaConfig.from_pretrained(Path(path) / "xlmr-base")).eval()
+    text.load_state_dict({k[12:]: v for k, v in state.items() if k.startswith("transformer.")}, strict=False)
+    linear = torch.nn.Linear(*state["LinearTransformation.weight"].shape[::-1])
+    linear.load_state_dict({k[21:]: v for k, v in state.items() if k.startswith("LinearTransformation.")})
+    tok = AutoTokenizer.from_pretrained(path)
+    rows = []
+    for t in full_texts(question, condition, "plain"):
+        enc = tok(t, return_tensors="pt")
+        rows.append(linear(text(**enc).last_hidden_state.mean(1)))   # one text: no padding, mean = masked mean
+    vision, proc = loaded(Path(path) / "clip-image", "CLIPModel", "CLIPProcessor")
+    image = _features(vision.get_image_features(**proc(images=[photo(question.image_id)], return_tensors="pt")))[0]
+    return _cosines(image, torch.cat(rows))
+
+
+@pytest.mark.parametrize("name, reference", [("clip", clip_reference), ("mclip", mclip_reference)])
+def test_dual_encoders_score_the_cosine_of_image_and_text(root, release, name, reference):
+    path = build(name, root / "models")
+    extra = ["--image-model", spec_extra(name, path)["image_model"]] if name == "mclip" else []
+    results = run_cli(release, root / f"out-{name}", name, path, "--no-text-only", *extra)
+    questions = load_cvqa(release).questions
+    for condition in CONDITIONS:
+        got = saved(root / f"out-{name}", condition)["score"]
+        for q, row in zip(questions, got):
+            np.testing.assert_allclose(row, reference(path, q, condition), atol=1e-5)
+    assert results["model"] == str(path) and results["backend"] == name
+
+
+def letter_ids(tok, letter):
+    """Single-token spellings of a letter ("A", " A") that decode back to it."""
+    ids = [tok(s, add_special_tokens=False)["input_ids"] for s in (letter, " " + letter)]
+    return sorted({i[0] for i in ids if len(i) == 1 and tok.decode(i).strip() == letter})
+
+
+@torch.inference_mode()
+def mllm_reference(path, question, condition, rule, blind=False):
+    model, proc = loaded(path, "AutoModelForImageTextToText")
+    tok = proc.tokenizer
+    prompt = generative_prompt(question, condition, rule)
+    blip = "Blip" in type(model).__name__
+    images = [photo(question.image_id)] if not blind else ([Image_blank()] if blip else None)
+    if getattr(proc, "chat_template", None):
+        content = ([{"type": "image"}] if images and not blip else []) + [{"type": "text", "text": prompt}]
+        prompt = proc.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                          tokenize=False)
+    inputs = dict(proc(images=images, text=prompt, return_tensors="pt"))
+    enc_dec = model.config.get_text_config().is_encoder_decoder
+    start = torch.tensor([[model.config.get_text_config().decoder_start_token_id]])
+    if rule == "letter":
+        logits = (model(**inputs, decoder_input_ids=start) if enc_dec else model(**inputs)).logits[0, -1]
+        return np.array([max(logits[i].item() for i in letter_ids(tok, c)) for c in LETTERS]), None
+    sums, counts = [], []
+    for answer in open_answers(question, condition):
+        cont = torch.tensor([tok(answer, add_special_tokens=False)["input_ids"]])
+        if enc_dec:
+            logits = model(**inputs, decoder_input_ids=torch.cat([start, cont[:, :-1]], 1)).logits
+        else:
+            ids = torch.cat([inputs["input_ids"], cont], 1)
+            logits = model(**{**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}).logits
+            logits = logits[:, -cont.shape[1] - 1:-1]
+        sums.append(F.log_softmax(logits.float(), -1).gather(-1, cont[..., None]).sum().item())
+        counts.append(cont.shape[1])
+    return np.array(sums), np.array(sums) / np.array(counts)
+
+
+def Image_blank():
+    from volta_ml.hf.loading import blank_image
+
+    return blank_image()
+
+
+@pytest.mark.parametrize("name", ["llava", "instructblip-t5", "blip2-opt"])
+@pytest.mark.parametrize("rule", ["letter", "open"])
+def test_generative_rules_equal_one_question_at_a_time(root, release, name, rule):
+    path = build(name, root / "models")
+    out = root / f"out-{name}-{rule}"
+    results = run_cli(release, out, "mllm", path, "--rule", rule, *(["--no-text-only"] if name != "llava" else []))
+    questions = load_cvqa(release).questions
+    for condition in CONDITIONS:
+        got = saved(out, condition)
+        for k, q in enumerate(questions):
+            score, normalised = mllm_reference(path, q, condition, rule)
+            np.testing.assert_allclose(got["score"][k], score, atol=1e-4)
+            if rule == "open":
+                np.testing.assert_allclose(got["length_normalised"][k], normalised, atol=1e-4)
+    if name == "llava":   # the blind control: the same prompt without the image
+        blind = saved(out, "en-aware.blind")["score"]
+        np.testing.assert_allclose(blind[0], mllm_reference(path, questions[0], "en-aware", rule, blind=True)[0],
+                                   atol=1e-4)
+        assert results["rendered_prompts"]["en-aware"].startswith("USER: <image>\nLocation: India. Question: ")
+        assert results["rendered_prompts"]["en-aware"].endswith("Short Answer: ASSISTANT:")
+    assert results["rule"] == rule and set(results["variants"]) == ({"length_normalised"} if rule == "open" else set())
+
+
+def test_two_gloo_ranks_equal_one_process_with_a_real_model(root, release, tmp_path):
+    path = build("llava", root / "models")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = ["-m", "volta_ml.cli", "cvqa", "score", "--backend", "mllm", "--model", str(path), "--rule", "open",
+            "--data", str(release), "--conditions", "loc-aware", "--chunk-size", "2", "--batch-size", "2",
+            "--device", "cpu", "--no-progress", "--no-text-only", "--output_dir", str(tmp_path / "two")]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(port)] + args, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(args[2:-1] + [str(tmp_path / "one")]) == 0
+    for key in ("score", "length_normalised"):
+        np.testing.assert_array_equal(saved(tmp_path / "one", "loc-aware")[key],
+                                      saved(tmp_path / "two", "loc-aware")[key])
+    assert (tmp_path / "one" / "predictions_loc-aware.csv").read_bytes() == \
+        (tmp_path / "two" / "predictions_loc-aware.csv").read_bytes()
