@@ -4,8 +4,16 @@ Builds a synthetic CVQA-shaped release (parquet, embedded PNGs, 39 pairs) and a 
 temporary folder, then times the loader, the tokenisation and `score_condition` (matching head, one prompt
 condition) with a randomly initialised real-size model; weights do not change the speed. Prints one table.
 
+The Hugging Face backends (`--hf-models`, built with random weights by benchmarks/bench_hf.py: real architectures,
+no download) are timed through the whole CVQA runner (`backend_run.score_passes`: photos read from the parquet
+and decoded once per batch, prompts, scoring, chunk saved), on a release of 640x480 JPEG photos: clip / mclip
+(cosine), and each generative model with the letter rule and the open rule (KV reuse). On CPU the generative
+models are the reduced scale of bench_hf.py (real image-token counts and vocabularies, 2 layers).
+
     python benchmarks/bench_cvqa.py                                   # ctrl_xuniter_base, 64 questions, CPU
     python benchmarks/bench_cvqa.py --configs ctrl_xuniter_base uc2_base --questions 2000 --batch-size 256 --amp
+    python benchmarks/bench_cvqa.py --configs --hf-models clip-b32 mclip llava-1.5-7b --hf-questions 16
+    python benchmarks/bench_cvqa.py --configs --hf-models llava-1.5-7b --device cuda --hf-dtype bf16 --hf-batch 16
 """
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def write_release(folder: Path, questions: int, per_image: int = 2) -> Path:
+def write_release(folder: Path, questions: int, per_image: int = 2, photo=("PNG", (48, 64))) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from PIL import Image
@@ -36,7 +44,7 @@ def write_release(folder: Path, questions: int, per_image: int = 2) -> Path:
         image = i // per_image
         if i % per_image == 0:
             buf = io.BytesIO()
-            Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(buf, format="PNG")
+            Image.fromarray(rng.integers(0, 256, (*photo[1], 3), dtype=np.uint8)).save(buf, format=photo[0])
             png = buf.getvalue()
         words = " ".join(f"word{w}" for w in rng.integers(0, 50, 12))
         rows["image"].append({"bytes": png, "path": None})
@@ -79,13 +87,20 @@ def bert_vocab_dir(tmp: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", nargs="+", default=["ctrl_xuniter_base"])
+    parser.add_argument("--configs", nargs="*", default=["ctrl_xuniter_base"], help="zoo configs (none: skip)")
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--batch-size", type=int, nargs="+", default=[64], help="(image, text) rows per forward")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--amp", action="store_true")
     parser.add_argument("--condition", default="en-aware")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--hf-models", nargs="*", default=[], help="bench_hf.py names: clip-b32 clip-l14-336 "
+                        "mclip llava-1.5-7b instructblip-flan-t5-xl mblip-mt0-xl mblip-bloomz-7b")
+    parser.add_argument("--hf-questions", type=int, default=16)
+    parser.add_argument("--hf-batch", type=int, default=4, help="questions per forward")
+    parser.add_argument("--hf-dtype", choices=("fp32", "fp16", "bf16"), default=None, help="bf16 on CUDA, else fp32")
+    parser.add_argument("--hf-scale", choices=("full", "reduced"), default=None,
+                        help="generative models: full on CUDA, reduced on CPU (bench_hf.py)")
     args = parser.parse_args()
 
     import torch
@@ -138,10 +153,58 @@ def main() -> None:
                 rows.append((name, str(device), "amp" if args.amp else "fp32", batch_size, len(dataset.questions),
                              seconds, len(dataset.questions) / seconds))
                 print(f"{name} batch {batch_size}: {rows[-1][-1]:.2f} questions/s", file=sys.stderr, flush=True)
-    print("| config | device | precision | rows/batch | questions | seconds | questions/s | pairs/s |")
+        if args.hf_models:
+            rows += bench_hf_backends(args, device, tmp)
+    print("| backend | device | precision | batch | questions | seconds | questions/s | pairs/s |")
     print("|---|---|---|---|---|---|---|---|")
     for name, dev, precision, batch_size, n, seconds, qps in rows:
         print(f"| {name} | {dev} | {precision} | {batch_size} | {n} | {seconds:.2f} | {qps:.2f} | {4 * qps:.1f} |")
+
+
+def bench_hf_backends(args, device, tmp: Path) -> list[tuple]:
+    """Rows for the HF backends, timed through `score_passes` (one condition, no text-only pass)."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_hf
+
+    from volta_ml.cvqa.backend_run import score_passes
+    from volta_ml.cvqa.backends import DualEncoderScorer, GenerativeScorer
+    from volta_ml.cvqa.chunks import ChunkStore
+    from volta_ml.cvqa.data import load_cvqa
+    from volta_ml.engine.distributed import DistInfo
+
+    dtype_name = args.hf_dtype or ("bf16" if device.type == "cuda" else "fp32")
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+    scale = args.hf_scale or ("full" if device.type == "cuda" else "reduced")
+    dataset = load_cvqa(write_release(tmp / "cvqa-photos", args.hf_questions, photo=("JPEG", (480, 640))))
+    run_args = {"chunk_size": len(dataset.questions), "batch_size": args.hf_batch, "progress": False,
+                "max_pixels": 10 ** 9, "max_side": None}
+    rows = []
+    for name in args.hf_models:
+        torch.manual_seed(0)
+        if name in bench_hf.DUAL:
+            scorers = {name: DualEncoderScorer(bench_hf.dual(name, device, dtype, scale), "clip")}
+        else:
+            model = bench_hf.generative(name, device, dtype, scale)
+            scorers = {f"{name} {rule}" + ("" if scale == "full" else f" ({scale})"): GenerativeScorer(model, rule)
+                       for rule in ("letter", "open")}
+        for label, scorer in scorers.items():
+            for attempt in ("warm-up", "timed"):
+                store = ChunkStore(tmp / f"chunks-{label}-{attempt}".replace(" ", "_"), {})
+                data = dataset if attempt == "timed" else load_cvqa(dataset.root, limit=args.hf_batch)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    score_passes(scorer, data, [(args.condition, False)], store, DistInfo(device=device), run_args)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - start
+            n = len(dataset.questions)
+            rows.append((label, str(device), dtype_name, args.hf_batch, n, seconds, n / seconds))
+            print(f"{label}: {n / seconds:.2f} questions/s", file=sys.stderr, flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -78,8 +78,11 @@ def test_clip_scores_are_cosines_and_each_photo_is_embedded_once_per_batch(relea
 @pytest.mark.parametrize("rule", ["letter", "open"])
 def test_mllm_rules_match_a_direct_computation(release, tmp_path, fakes, rule):
     out = tmp_path / rule
-    assert score(release, out, "--backend", "mllm", "--model", "fake/llava", "--rule", rule,
-                 "--conditions", "en-aware", "loc-agnostic", "--batch-size", "4", "--no-text-only") == 0
+    assert score(release, out, "--backend", "mllm", "--model", "fake/llava", "--rule", rule, "--dtype", "bf16",
+                 "--device-map", "auto", "--model-revision", "f00d", "--conditions", "en-aware", "loc-agnostic",
+                 "--batch-size", "4", "--no-text-only") == 0
+    spec = fakes[0].spec
+    assert (spec.model, spec.revision, spec.dtype, spec.device_map) == ("fake/llava", "f00d", "bf16", "auto")
     questions = load_cvqa(release).questions
     model = FakeGenerative(type("Spec", (), {"model": "fake/llava"})())
     for condition in ("en-aware", "loc-agnostic"):
@@ -97,6 +100,7 @@ def test_mllm_rules_match_a_direct_computation(release, tmp_path, fakes, rule):
     assert fakes[0].calls == 2 * 2   # one call per batch of 4 questions, per condition
     results = json.loads((out / "cvqa_results.json").read_text())
     assert results["rule"] == rule and results["prompts_version"] == "cvqa-mllm-prompts-v1"
+    assert (results["model"], results["model_revision"], results["dtype"]) == ("fake/llava", "f00d", "bf16")
     assert results["rendered_prompts"]["en-aware"] == model.render(generative_prompt(questions[0], "en-aware",
                                                                                      rule), 1)
     assert ("length_normalised" in results["variants"]) == (rule == "open")

@@ -61,6 +61,9 @@ def run_backend(args_dict: dict) -> str | None:
     dataset = load_cvqa(args["data"], revision=args["revision"], limit=args["limit"])
     info = init_distributed(device=None if args["device_map"] else args["device"])
     try:
+        if args["device_map"] and info.world_size > 1:
+            raise ValueError(f"--device-map {args['device_map']} spreads one model over every GPU of the node; "
+                             f"run one process, not {info.world_size} (torchrun / srun)")
         scorer = build_scorer(args, dataset.questions, str(info.device))
         passes = [(c, False) for c in args["conditions"]]
         if args["text_only"] and scorer.needs_images:
