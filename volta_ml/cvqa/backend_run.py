@@ -77,6 +77,9 @@ def run_backend(args_dict: dict) -> str | None:
         if not info.is_main:
             return None
         path = _write_results(args, dataset, scorer, header, scores, failures, timing, out_dir)
+        if failures:
+            print(f"CVQA: {len(failures)} photo(s) failed to decode (first: {next(iter(failures.items()))}); "
+                  f"listed in {path} (failed_images), their questions scored without the image", file=sys.stderr)
         print(f"{len(dataset.questions)} questions x {len(passes)} passes in {time.time() - started:.1f} s",
               file=sys.stderr)
         return path
