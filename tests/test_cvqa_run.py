@@ -57,6 +57,7 @@ def test_labelled_run_writes_accuracy_tables_plot_and_submissions(files):
         correct = sum(int(r["Prediction"]) == int(r["Label"]) for r in preds)
         assert summary["micro"] == pytest.approx(100 * correct / len(ROWS), abs=1e-3)
         assert {r["revision"] for r in preds} == {REVISION}
+        assert [r["question_en"] for r in preds] == [row[3] for row in ROWS]   # for the question-type table
         assert _rows(out / f"submission_{condition}.csv") == [{"ID": r["ID"], "Prediction": r["Prediction"]}
                                                               for r in preds]
         assert set(summary["pair"]) == {"India-Telugu", "Egypt-Egyptian_Arabic", "Mexico-Spanish"}
@@ -69,7 +70,7 @@ def test_labelled_run_writes_accuracy_tables_plot_and_submissions(files):
         results["text_stats"]["en-aware"]["unk_rate_per_pair"]["India-Telugu"]
     pair_table = _rows(out / "cvqa_pair.csv")
     assert pair_table[-2]["pair"] == "micro" and float(pair_table[-2]["en-aware"]) == pytest.approx(
-        results["runs"]["en-aware"]["micro"]) and pair_table[0]["random"] == "25.0"
+        results["runs"]["en-aware"]["micro"], abs=5e-5) and pair_table[0]["random"] == "25.0"
     assert {r["revision"] for r in pair_table} == {REVISION}
     assert REVISION in (out / "cvqa_report.md").read_text()
     assert (out / "cvqa_pairs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
