@@ -58,7 +58,8 @@ def cvqa_score(args) -> None:
                              args.conditions, "datarev", "What is this?"])
     micro = 25.0 * right
     (out / "cvqa_results.json").write_text(json.dumps({
-        "backend": args.backend, "model": args.model, "revision": args.revision, "rule": args.rule or None,
+        "backend": args.backend, "model": args.model, "model_revision": args.model_revision,
+        "revision": "datarev", "rule": args.rule or None,
         "runs": {args.conditions: {"micro": micro, "macro": micro}}}))
     (out / "argv.json").write_text(json.dumps(sys.argv[2:]))
 
@@ -67,7 +68,7 @@ def main() -> int:
     mode = sys.argv[1]
     p = argparse.ArgumentParser()
     for flag in ("--output_dir", "--val_annotations_jsonpath", "--split", "--from_pretrained", "--lr",
-                 "--preds_file", "--truth_file", "--task", "--config_file", "--backend", "--model", "--revision",
+                 "--preds_file", "--truth_file", "--task", "--config_file", "--backend", "--model", "--model-revision",
                  "--rule", "--data", "--conditions"):
         p.add_argument(flag, default="")
     args, _ = p.parse_known_args(sys.argv[2:])

@@ -55,7 +55,8 @@ def predictions(right: set[int]) -> np.ndarray:
 
 def write_folder(folder: Path, backend, model, rule, conditions, blind) -> None:
     folder.mkdir(parents=True)
-    results = {"model": model, "revision": "0123abc", "rule": rule, "runs": {}, "text_only": {}}
+    results = {"model": model, "model_revision": "0123abc", "revision": "datarev", "rule": rule, "runs": {},
+               "text_only": {}, "variants": {}}
     if backend:
         results["backend"] = backend
     for condition, right in conditions.items():
@@ -65,6 +66,9 @@ def write_folder(folder: Path, backend, model, rule, conditions, blind) -> None:
         results["runs"][condition] = accuracy_summary(QUESTIONS, preds)
         if blind:
             results["text_only"][condition] = accuracy_summary(QUESTIONS, predictions({1, 2}))
+        if rule == "open":      # the open rule's length-normalised variant, as summaries only
+            results["variants"].setdefault("length_normalised", {})[condition] = accuracy_summary(
+                QUESTIONS, predictions({3, 4, 5, 6}))
     (folder / "cvqa_results.json").write_text(json.dumps(results))
 
 
@@ -106,12 +110,14 @@ LABELS = {"llava_letter": "LLaVA-1.5-7B (letter)", "sweep/clip/en-aware": "CLIP"
 
 def test_table3_every_cell_paper_column_and_difference(out):
     table = {r["model"]: r for r in rows(out / "table3_overall.csv")}
-    assert list(table) == ["LLaVA-1.5-7B (letter)", "LLaVA-1.5-7B (open)", "mBLIP-mT0 (letter)", "CLIP",
+    assert list(table) == ["LLaVA-1.5-7B (letter)", "LLaVA-1.5-7B (open)", "LLaVA-1.5-7B (open) length_normalised",
+                           "mBLIP-mT0 (letter)", "CLIP",
                            "ctrl_xuniter.bin", "ctrl_xuniter.bin text-only", "random"]    # folder order
     want = {  # EN, EN paper, LOC, LOC paper, EN macro, LOC macro
         "LLaVA-1.5-7B (letter)": (70.0, 48.9, 20.0, 36.5, (75 + 200 / 3 + 200 / 3) / 3, (25 + 100 / 3 + 0) / 3),
         "CLIP": (50.0, 42.3, 10.0, 31.5, (100 + 100 / 3 + 0) / 3, (0 + 0 + 100 / 3) / 3),
         "LLaVA-1.5-7B (open)": (30.0, 30.0, None, None, (75 + 0 + 0) / 3, None),
+        "LLaVA-1.5-7B (open) length_normalised": (40.0, None, None, None, (25 + 100 + 0) / 3, None),
         "ctrl_xuniter.bin": (10.0, None, 0.0, None, 25 / 3, 0.0),
         "ctrl_xuniter.bin text-only": (20.0, None, 20.0, None, 50 / 3, 50 / 3),
         "mBLIP-mT0 (letter)": (0.0, 31.5, 100.0, 31.2, 0.0, 100.0),

@@ -43,13 +43,13 @@ def test_cells_are_model_x_rule_x_condition_with_the_score_flags(tmp_path):
     cell = cells["cvqa/llava/open/loc-aware"]
     assert (cell.stage, cell.protocol, cell.model, cell.lang, cell.scorer) == ("cvqa", "cvqa", "llava", "loc-aware", "cvqa")
     assert cell.commands[0].argv == [sys.executable, FAKE, "cvqa-score", "--backend", "mllm", "--model",
-                                     "llava-hf/llava-1.5-7b-hf", "--revision", "abc123", "--rule", "open", "--data",
+                                     "llava-hf/llava-1.5-7b-hf", "--model-revision", "abc123", "--rule", "open", "--data",
                                      str(tmp_path / "cvqa_shards"), "--conditions", "loc-aware", "--output_dir",
                                      str(tmp_path / "runs/cvqa/llava/open/loc-aware"), "--dtype", "fp32",
                                      "--batch_size", "4", "--no-progress"]
     assert cell.commands[1].argv[-2:] == ["record", str(tmp_path / "runs/cvqa/llava/open/loc-aware")]
     clip = cells["cvqa/clip/en-aware"].commands[0].argv
-    assert "--rule" not in clip and "--revision" not in clip and clip[3:7] == ["--backend", "clip", "--model",
+    assert "--rule" not in clip and "--model-revision" not in clip and clip[3:7] == ["--backend", "clip", "--model",
                                                                               "openai/clip-vit-large-patch14-336"]
 
 

@@ -75,7 +75,9 @@ class Run:
     paper: str | None
     folders: list[Path] = field(default_factory=list)
     conditions: dict[str, Predictions] = field(default_factory=dict)
-    blind: dict[str, dict] = field(default_factory=dict)          # text-only summaries written by the run
+    # accuracy summaries the run wrote without per-question files: "text-only" (the blind control) and the
+    # rule's variants (e.g. the open rule's length_normalised), each {condition: accuracy_summary}
+    summaries: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -146,7 +148,8 @@ def load_runs(paths: list[str | Path], aliases: dict[str, str] | None = None) ->
             raise ReportInputError(f"{folder / RESULTS_FILE}: not readable JSON ({err})") from None
         backend = _str(results.get("backend")) or "zoo"
         model = _str(results.get("model")) or folder.name
-        revision, rule = _str(results.get("revision")), _str(results.get("rule"))
+        # "revision" is the data's commit; the checkpoint's is "model_revision" (zoo runs: the checkpoint file)
+        revision, rule = _str(results.get("model_revision")), _str(results.get("rule"))
         files = sorted(folder.glob("predictions_*.csv"))
         if not files:
             raise ReportInputError(f"{folder}: {RESULTS_FILE} but no predictions_<condition>.csv beside it")
@@ -164,8 +167,11 @@ def load_runs(paths: list[str | Path], aliases: dict[str, str] | None = None) ->
             run.conditions[condition] = read_predictions(path)
             if folder not in run.folders:
                 run.folders.append(folder)
-            if not variant and condition in (results.get("text_only") or {}):
-                run.blind[condition] = results["text_only"][condition]
+            if not variant:
+                extra = {"text-only": results.get("text_only") or {}, **(results.get("variants") or {})}
+                for name, by_condition in extra.items():
+                    if condition in by_condition:
+                        run.summaries.setdefault(name, {})[condition] = by_condition[condition]
     return list(runs.values())
 
 

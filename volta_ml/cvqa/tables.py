@@ -66,20 +66,25 @@ def table3(runs: list[Run]) -> Table:
     table = Table("table3_overall", "Table 3: accuracy (%) per model, location-aware prompt",
                   RUN_COLUMNS + EN_LOC + ["EN-LOC gap", "EN macro", "LOC macro", "questions"],
                   note="EN / LOC: average over questions; macro: over country-language pairs. The paper gives "
-                       "the open-ended LLaVA-1.5-7B result as about 30% (EN).")
+                       "the open-ended LLaVA-1.5-7B result as about 30% (EN). Rows `<model> text-only` are the "
+                       "blind control, rows `<model> <variant>` a variant of the model's rule (e.g. the open "
+                       "rule's length_normalised).")
     for run in runs:
         en, loc = _micro(run, "en-aware"), _micro(run, "loc-aware")
         reference = {"main": paper.TABLE3, "open": paper.TABLE3_OPEN}.get(paper_rule(run), {}).get(run.paper)
         any_preds = next(iter(run.conditions.values()))
         table.rows.append(_run_cells(run) + _en_loc(en, loc, reference) +
                           [_diff(en, loc), _macro(run, "en-aware"), _macro(run, "loc-aware"), len(any_preds.label)])
-        en_b, loc_b = run.blind.get("en-aware"), run.blind.get("loc-aware")
-        if en_b or loc_b:
-            micro = lambda s: s["micro"] if s else None  # noqa: E731
-            table.rows.append([f"{run.label} text-only", "blind", run.rule or "-", "-"] +
-                              _en_loc(micro(en_b), micro(loc_b), None) +
-                              [_diff(micro(en_b), micro(loc_b)), en_b and en_b["macro"], loc_b and loc_b["macro"],
-                               (en_b or loc_b)["questions"]])
+        for name, by_condition in run.summaries.items():      # text-only control, rule variants
+            en_s, loc_s = by_condition.get("en-aware"), by_condition.get("loc-aware")
+            if not (en_s or loc_s):
+                continue
+            value = lambda summary, key: summary[key] if summary else None  # noqa: E731
+            en, loc = value(en_s, "micro"), value(loc_s, "micro")
+            table.rows.append([f"{run.label} {name}", "blind" if name == "text-only" else run.backend,
+                               run.rule or "-", "-"] + _en_loc(en, loc, None) +
+                              [_diff(en, loc), value(en_s, "macro"), value(loc_s, "macro"),
+                               (en_s or loc_s)["questions"]])
     table.rows.append(["random", "-", "-", "-"] + _en_loc(RANDOM_ACCURACY, RANDOM_ACCURACY, None)
                       + [0.0, RANDOM_ACCURACY, RANDOM_ACCURACY, ""])
     return table

@@ -11,7 +11,7 @@ The grid's `cvqa:` section (see docs/cvqa.md and examples/grids/cvqa_paper.yml):
         llava-1.5-7b:                    # the cell-id name of the model
           backend: mllm                  # required: the scoring backend (`volta-ml cvqa score --backend`)
           model: llava-hf/llava-1.5-7b-hf
-          revision: <commit>             # pins the checkpoint (optional)
+          revision: <commit>             # pins the checkpoint: --model-revision (optional)
           rules: [letter, open]          # one cell per rule; omitted: the backend's only rule
           flags: [--dtype, bf16]         # this model's extra flags
 
@@ -29,7 +29,7 @@ from .cell import Cell, Command
 SECTION_KEYS = {"data", "conditions", "flags", "models"}
 MODEL_KEYS = {"backend", "model", "revision", "rules", "flags"}
 # cell flag -> the model setting it carries (a setting that is not given adds no flag)
-MODEL_FLAGS = {"--backend": "backend", "--model": "model", "--revision": "revision"}
+MODEL_FLAGS = {"--backend": "backend", "--model": "model", "--model-revision": "revision"}
 
 
 @dataclass
