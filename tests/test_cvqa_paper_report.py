@@ -222,7 +222,12 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     write_folder(tmp_path / "c", *FOLDERS["sweep/clip/en-aware"])
     (tmp_path / "c" / "predictions_en-aware.csv").rename(tmp_path / "c" / "predictions_english.csv")
-    for args, message in (
+    write_folder(tmp_path / "d", *FOLDERS["sweep/clip/en-aware"])
+    broken = tmp_path / "d" / "predictions_en-aware.csv"
+    lines = broken.read_text().splitlines()
+    lines[3] = ",".join(["2_0", "B"] + lines[3].split(",")[2:])      # line 4: question 2 predicts "B"
+    broken.write_text("\n".join(lines) + "\n")
+    for args, message in (([tmp_path / "d"], f"{broken} line 4: Prediction and Label must be integers"),
             ([tmp_path / "a", tmp_path / "b"], f"{tmp_path / 'b' / 'predictions_en-aware.csv'}: en-aware of "
                                                f"{CLIP} (clip) is also in {tmp_path / 'a'}"),
             ([tmp_path / "nothing"], "nothing: no such file or folder"),

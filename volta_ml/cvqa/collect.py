@@ -103,8 +103,8 @@ def read_predictions(path: Path) -> Predictions:
         prediction = np.array([int(r["Prediction"]) for r in rows])
         label = np.array([int(r["Label"]) for r in rows])
     except ValueError as err:
-        line = next(i + 2 for i, r in enumerate(rows) if not (r["Prediction"].lstrip("-").isdigit()
-                                                               and r["Label"].lstrip("-").isdigit()))
+        line = next((i + 2 for i, r in enumerate(rows) if not (r["Prediction"].lstrip("-").isdigit()
+                                                                and r["Label"].lstrip("-").isdigit())), "?")
         raise ReportInputError(f"{path} line {line}: Prediction and Label must be integers ({err})") from None
     groups = {"pair": [r["pair"] for r in rows], "category": [paper_category(r["category"]) for r in rows],
               "image_type": [paper_image_source(r["image_type"]) for r in rows]}

@@ -90,11 +90,12 @@ def table3(runs: list[Run]) -> Table:
     return table
 
 
-def _breakdown(name: str, title: str, column: str, group: str, runs: list[Run], reference: dict,
+def _breakdown(name: str, title: str, column: str, group: str, runs: list[Run], reference: dict | None,
                order: list[str], note: str = "") -> Table:
     """Rows (group key, run) for one breakdown of the location-aware runs; `reference` maps (key, paper row) to
-    the paper's (EN, LOC)."""
-    table = Table(name, title, [column] + RUN_COLUMNS + ["n"] + EN_LOC, note=note)
+    the paper's (EN, LOC); None: a table without paper columns."""
+    table = Table(name, title, [column] + RUN_COLUMNS + ["n"] + (EN_LOC if reference is not None else ["EN", "LOC"]),
+                  note=note)
     found = {k for run in runs for c in ("en-aware", "loc-aware") if c in run.conditions
              for k in run.conditions[c].by(group)}
     keys = [k for k in order if k in found] + sorted(found - set(order))
@@ -105,8 +106,11 @@ def _breakdown(name: str, title: str, column: str, group: str, runs: list[Run], 
             if not any(cells.values()):
                 continue
             n = next(v["n"] for v in cells.values() if v)
-            theirs = reference.get((key, run.paper)) if paper_rule(run) == "main" else None
             acc = {c: v["accuracy"] if v else None for c, v in cells.items()}
+            if reference is None:
+                table.rows.append([key] + _run_cells(run) + [n, acc["en-aware"], acc["loc-aware"]])
+                continue
+            theirs = reference.get((key, run.paper)) if paper_rule(run) == "main" else None
             table.rows.append([key] + _run_cells(run) + [n] + _en_loc(acc["en-aware"], acc["loc-aware"], theirs))
     return table
 
@@ -134,13 +138,11 @@ def figure3(runs: list[Run]) -> Table:
 
 
 def question_types(runs: list[Run]) -> Table:
-    table = _breakdown("question_types", "Accuracy (%) per question type (first what/how/why/where/who/which "
-                       "word of the English question), location-aware prompt", "question type", "question_type",
-                       runs, {}, list(QUESTION_TYPES) + ["other"],
-                       note="The paper's Figure 2 counts these types; it reports no accuracy per type.")
-    table.header = [h for h in table.header if h not in ("EN paper", "EN diff", "LOC paper", "LOC diff")]
-    table.rows = [row[:6] + [row[6], row[9]] for row in table.rows]
-    return table
+    return _breakdown("question_types", "Accuracy (%) per question type (first what/how/why/where/who/which "
+                      "word of the English question), location-aware prompt", "question type", "question_type",
+                      runs, None, list(QUESTION_TYPES) + ["other"],
+                      note="The paper's Figure 2 counts these types; it reports no accuracy per type. Runs whose "
+                           "predictions files lack the English question (written before it was added) are absent.")
 
 
 def table7(runs: list[Run]) -> Table:
