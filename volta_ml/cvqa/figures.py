@@ -47,7 +47,7 @@ def plot_figure3(table: Table, path: Path) -> Path:
                 ax.plot(*zip(*points), marker="o", markersize=3, linewidth=1.2, label=model, color=f"C{k % 10}")
         ax.axhline(RANDOM_ACCURACY, color="black", linestyle="--", linewidth=0.8, label="random (25%)")
         ax.set_ylabel(f"{language} accuracy (%)")
-        ax.set_ylim(0, 105)
+        ax.set_ylim(0, 112)
         start = 0
         for continent in paper.CONTINENT_ORDER:
             members = [p for p in pairs if paper.continent(p) == continent]
@@ -56,7 +56,7 @@ def plot_figure3(table: Table, path: Path) -> Path:
             end = start + len(members)
             if start:
                 ax.axvline(start - 0.5, color="grey", linestyle=":", linewidth=0.8)
-            ax.text((start + end - 1) / 2, 103, continent, ha="center", va="top", fontsize=8)
+            ax.text((start + end - 1) / 2, 110, continent, ha="center", va="top", fontsize=8)
             start = end
     axes[-1].set_xticks(range(len(pairs)))
     axes[-1].set_xticklabels(pairs, rotation=75, ha="right", fontsize=7)
