@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from volta_ml.cvqa.data import CVQAQuestion
-from volta_ml.cvqa.report import accuracy_summary, en_loc_gap, write_submission, write_tables
+from volta_ml.cvqa.report import accuracy_summary, en_loc_gap, write_predictions, write_submission, write_tables
 
 
 def q(qid, country, language, label, category="Cooking and Food", image_type="Self"):
@@ -68,3 +68,31 @@ def test_tables_and_submission(tmp_path):
     write_submission(tmp_path / "sub.csv", QUESTIONS, EN)
     assert (tmp_path / "sub.csv").read_text().splitlines() == ["ID,Prediction", "1_0,0", "1_1,1", "2_0,2", "3_0,0",
                                                                "4_0,0", "5_0,0"]
+
+
+def test_averages_and_gap_come_from_unrounded_accuracies():
+    # 11/21 right in EN and 1/21 in LOC: 52.3810 - 4.7619 = 47.6191 when rounded first, 47.6190 exactly
+    qs = [q(f"{i}_0", "India", "Telugu", 0) for i in range(21)]
+    en = accuracy_summary(qs, np.array([0] * 11 + [1] * 10))
+    loc = accuracy_summary(qs, np.array([0] * 1 + [1] * 20))
+    assert en["pair"]["India-Telugu"]["accuracy"] == 100 * 11 / 21 and loc["micro"] == 100 / 21
+    gap = en_loc_gap({"en-aware": en, "loc-aware": loc})["aware"]
+    assert gap["micro"] == 100 * 11 / 21 - 100 / 21 and round(gap["macro"], 4) == 47.619
+    # macro over pairs from unrounded pair accuracies: 7/45 and 0/1
+    qs2 = [q(f"{i}_0", "India", "Telugu", 0) for i in range(45)] + [q("99_0", "Egypt", "Arabic", 0)]
+    summary = accuracy_summary(qs2, np.array([0] * 7 + [1] * 39))
+    assert summary["macro"] == (100 * 7 / 45 + 0.0) / 2
+
+
+def test_predictions_keep_scores_at_full_precision(tmp_path):
+    scores = np.array([[0.123456789012, 0.123456789013, -np.inf, 1e-300]] * len(QUESTIONS))
+    write_predictions(tmp_path / "p.csv", QUESTIONS, EN, scores, "en-aware", "rev")
+    with open(tmp_path / "p.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(rows[0][f"score_{i}"]) for i in range(4)] == scores[0].tolist()   # no apparent tie at 6 digits
+    assert rows[2] == {"ID": "2_0", "Prediction": "2", "Label": "2", "pair": "India-Telugu",
+                       "category": "Brands and Products", "image_type": "External", "score_0": "0.123456789012",
+                       "score_1": "0.123456789013", "score_2": "-inf", "score_3": "1e-300", "condition": "en-aware",
+                       "revision": "rev", "question_en": "q"}
+    write_predictions(tmp_path / "imported.csv", QUESTIONS, EN, None, "en-aware", "rev")
+    assert open(tmp_path / "imported.csv").read().splitlines()[1] == "1_0,0,0,India-Telugu,Cooking and Food,Self,,,,,en-aware,rev,q"

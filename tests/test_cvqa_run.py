@@ -57,6 +57,7 @@ def test_labelled_run_writes_accuracy_tables_plot_and_submissions(files):
         correct = sum(int(r["Prediction"]) == int(r["Label"]) for r in preds)
         assert summary["micro"] == pytest.approx(100 * correct / len(ROWS), abs=1e-3)
         assert {r["revision"] for r in preds} == {REVISION}
+        assert [r["question_en"] for r in preds] == [row[3] for row in ROWS]   # for the question-type table
         assert _rows(out / f"submission_{condition}.csv") == [{"ID": r["ID"], "Prediction": r["Prediction"]}
                                                               for r in preds]
         assert set(summary["pair"]) == {"India-Telugu", "Egypt-Egyptian_Arabic", "Mexico-Spanish"}
@@ -69,7 +70,7 @@ def test_labelled_run_writes_accuracy_tables_plot_and_submissions(files):
         results["text_stats"]["en-aware"]["unk_rate_per_pair"]["India-Telugu"]
     pair_table = _rows(out / "cvqa_pair.csv")
     assert pair_table[-2]["pair"] == "micro" and float(pair_table[-2]["en-aware"]) == pytest.approx(
-        results["runs"]["en-aware"]["micro"]) and pair_table[0]["random"] == "25.0"
+        results["runs"]["en-aware"]["micro"], abs=5e-5) and pair_table[0]["random"] == "25.0"
     assert {r["revision"] for r in pair_table} == {REVISION}
     assert REVISION in (out / "cvqa_report.md").read_text()
     assert (out / "cvqa_pairs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -132,3 +133,25 @@ def test_console_errors_are_one_line(tmp_path, step, extra, message):
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"error: volta-ml cvqa: {message}" in done.stderr
+
+
+def test_zoo_result_folder_goes_into_the_paper_tables(files, tmp_path):
+    """A folder written by today's zoo path is a row of the paper tables (no paper value: not a paper model)."""
+    from volta_ml.cvqa.collect import load_runs
+    from volta_ml.cvqa.tables import write_paper_report
+
+    out = files["tmp"] / "zoo_for_report"
+    path = run_cvqa({**files["args"], "data": str(files["latest"]), "output_dir": str(out),
+                     "conditions": ["en-aware", "loc-aware"]})
+    results = json.loads(Path(path).read_text())
+    runs = load_runs([out])
+    assert [(r.backend, r.model, r.paper) for r in runs] == [("zoo", "tiny_xuniter.bin", None)]
+    write_paper_report(runs, tmp_path, plots=False)
+    table = {r["model"]: r for r in _rows(tmp_path / "table3_overall.csv")}
+    zoo, blind = table["tiny_xuniter.bin"], table["tiny_xuniter.bin text-only"]
+    assert float(zoo["EN"]) == pytest.approx(results["runs"]["en-aware"]["micro"], abs=5e-5)
+    assert float(zoo["LOC macro"]) == pytest.approx(results["runs"]["loc-aware"]["macro"], abs=5e-5)
+    assert float(blind["EN"]) == pytest.approx(results["text_only"]["en-aware"]["micro"], abs=5e-5)
+    assert zoo["EN paper"] == "" and zoo["paper model"] == "-"
+    types = {r["question type"] for r in _rows(tmp_path / "question_types.csv")}
+    assert types == {"which", "what", "who", "where", "other"}     # from the fixture's English questions

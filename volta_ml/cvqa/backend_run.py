@@ -15,7 +15,6 @@ import io
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 from tqdm import tqdm
@@ -26,8 +25,7 @@ from .backends import build_scorer
 from .chunks import ChunkStore
 from .data import HIDDEN_LABEL, CVQADataset, load_cvqa
 from .prompts import CONDITIONS, parse_condition
-from .report import accuracy_summary, en_loc_gap, plot_pairs, write_submission, write_tables
-from .run import _write_predictions
+from .report import accuracy_summary, en_loc_gap, plot_pairs, write_predictions, write_submission, write_tables
 from .zoo import predict
 
 DEFAULTS = {
@@ -214,12 +212,13 @@ def _write_results(args, dataset, scorer, header, scores, failures, timing, out_
     files = []
     for condition in args["conditions"]:
         arrays = scores[condition]
-        scored = SimpleNamespace(condition=condition, scores=arrays["score"], predictions=predict(arrays["score"]))
-        _write_predictions(out_dir / f"predictions_{condition}.csv", dataset, scored)
-        write_submission(out_dir / f"submission_{condition}.csv", questions, scored.predictions)
+        predictions = predict(arrays["score"])
+        write_predictions(out_dir / f"predictions_{condition}.csv", questions, predictions,
+                          arrays["score"] if scorer.needs_images else None, condition, dataset.revision)
+        write_submission(out_dir / f"submission_{condition}.csv", questions, predictions)
         files += [f"predictions_{condition}.csv", f"submission_{condition}.csv"]
-        results["runs"][condition] = accuracy_summary(questions, scored.predictions)
-        for variant in (k for k in arrays if k != "score"):
+        results["runs"][condition] = accuracy_summary(questions, predictions)
+        for variant in (k for k in arrays if k != "score"):   # the rule's variants: summaries (docs/cvqa.md)
             results["variants"].setdefault(variant, {})[condition] = accuracy_summary(questions,
                                                                                       predict(arrays[variant]))
         blind = scores.get(pass_name(condition, True))

@@ -80,6 +80,18 @@ def register(subparsers) -> None:
     sc.add_argument("--max-pixels", dest="max_pixels", type=int, default=None)
     sc.add_argument("--no-progress", dest="progress", action="store_false")
     sc.set_defaults(func=run_score_command)
+
+    rp = sub.add_parser("report", help="the paper's tables (3, 5, 6, 7, Figure 3, question types) over several runs",
+                        description="Tabulate CVQA result folders (cvqa_results.json + predictions_<condition>.csv, "
+                        "searched below each DIR) beside the paper's numbers: CSV, Markdown, LaTeX and PNG.")
+    rp.add_argument("dirs", nargs="+", metavar="DIR", help="result folders, or folders above them (a sweep's output)")
+    rp.add_argument("--out", required=True, help="folder for the tables and figures")
+    rp.add_argument("--digits", type=int, default=2, help="decimals in Markdown and LaTeX (CSV keeps 4)")
+    rp.add_argument("--paper-row", dest="paper_rows", action="append", default=[], metavar="MODEL=ROW",
+                    help="compare the runs of MODEL (as in cvqa_results.json) with the paper's ROW, e.g. "
+                    "/models/my-llava=LLaVA-1.5-7B (hub ids of the paper's checkpoints match by themselves)")
+    rp.add_argument("--no-plots", dest="plots", action="store_false")
+    rp.set_defaults(func=run_report_command)
     cvqa.set_defaults(func=lambda args: cvqa.print_help() or 2)
 
 
@@ -176,3 +188,25 @@ def run_score_command(args) -> int:
                   + (f"  | text-only {blind['micro']:6.2f}" if blind else "") + "  | random 25.00")
     print(f"results: {path}")
     return finish_process(0)
+
+
+@_clear_errors
+def run_report_command(args) -> int:
+    from .collect import data_revisions, load_runs
+    from .paper import MODELS
+    from .tables import write_paper_report
+
+    aliases = {}
+    for item in args.paper_rows:
+        model, sep, row = item.rpartition("=")
+        if not sep or row not in MODELS:
+            raise ValueError(f"--paper-row {item!r}: expected MODEL=ROW with ROW one of {', '.join(MODELS)}")
+        aliases[model] = row
+    runs = load_runs(args.dirs, aliases)
+    files = write_paper_report(runs, args.out, digits=args.digits, plots=args.plots,
+                               data_revisions=data_revisions(runs))
+    print(f"{len(runs)} run(s) -> {len(files)} files in {args.out}")
+    for run in runs:
+        print(f"  {run.label:32s} {run.backend:7s} {', '.join(run.conditions)}"
+              + (f"  (paper row {run.paper})" if run.paper else ""))
+    return 0

@@ -26,6 +26,44 @@ class CVQAFormatError(ValueError):
     """A CVQA row or shard that cannot be read; the message names the file, row and field."""
 
 
+# What pyarrow raises on a damaged shard: ArrowInvalid (a ValueError; bad magic bytes or footer metadata) and
+# OSError (page headers or compressed pages that do not deserialize, a file cut short while being read).
+_ARROW_READ_ERRORS = (OSError, ValueError)
+
+
+def _corrupt(shard: Path, err: Exception) -> CVQAFormatError:
+    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return CVQAFormatError(f"{shard}: damaged parquet shard ({type(err).__name__}: {first_line}); download "
+                           "this shard of afaji/cvqa again")
+
+
+def _batches(shard: Path, **kwargs) -> Iterator:
+    """`ParquetFile(shard).iter_batches(**kwargs)`, with a damaged shard reported as one error naming it."""
+    import pyarrow.parquet as pq
+
+    try:
+        yield from pq.ParquetFile(shard).iter_batches(**kwargs)
+    except CVQAFormatError:
+        raise
+    except _ARROW_READ_ERRORS as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise _corrupt(shard, err) from None
+
+
+def _row_group_starts(shard: Path) -> np.ndarray:
+    """The first row of each row group of `shard` (and the row count at the end)."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(shard).metadata
+    except _ARROW_READ_ERRORS as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise _corrupt(shard, err) from None
+    return np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+
+
 @dataclass(frozen=True)
 class CVQAQuestion:
     id: str                      # the submission key, e.g. "5920942824275514756_0"
@@ -67,26 +105,22 @@ class CVQADataset:
 
     def iter_images(self, image_ids=None) -> Iterator[tuple[str, bytes]]:
         """(image_id, encoded image bytes) once per image, streaming the shards one record batch at a time."""
-        import pyarrow.parquet as pq
-
         wanted = set(self._image_rows if image_ids is None else image_ids)
         by_shard: dict[int, dict[int, str]] = {}
         for image_id in wanted:
             shard, row = self._image_rows[image_id]
             by_shard.setdefault(shard, {})[row] = image_id
         for shard_index, rows in sorted(by_shard.items()):
-            parquet = pq.ParquetFile(self.shards[shard_index])
-            sizes = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
-            starts = np.cumsum([0] + sizes)
+            shard = self.shards[shard_index]
+            starts = _row_group_starts(shard)
             groups = sorted({int(np.searchsorted(starts, r, side="right")) - 1 for r in rows})   # only those read
             for group in groups:
                 offset = int(starts[group])
-                for batch in parquet.iter_batches(batch_size=64, columns=["image"], row_groups=[group]):
+                for batch in _batches(shard, batch_size=64, columns=["image"], row_groups=[group]):
                     column = batch.column(0)
                     for i in range(batch.num_rows):
                         if offset + i in rows:
-                            yield rows[offset + i], _image_bytes(column[i].as_py(), self.shards[shard_index],
-                                                                 offset + i)
+                            yield rows[offset + i], _image_bytes(column[i].as_py(), shard, offset + i)
                     offset += batch.num_rows
 
 
@@ -189,13 +223,17 @@ def load_cvqa(root: str | Path, revision: str | None = None, limit: int | None =
     image_digest: dict[str, str] = {}
     seen_ids: dict[str, str] = {}
     for shard_index, shard in enumerate(shards):
-        parquet = pq.ParquetFile(shard)
-        names = set(parquet.schema_arrow.names)
+        try:
+            names = set(pq.read_schema(shard).names)
+        except FileNotFoundError:
+            raise
+        except _ARROW_READ_ERRORS as err:
+            raise _corrupt(shard, err) from None
         missing = [c for c in REQUIRED_COLUMNS if c not in names]
         if missing:
             raise CVQAFormatError(f"{shard}: missing column(s) {missing}; found {sorted(names)}")
         row = 0
-        for batch in parquet.iter_batches(batch_size=32):
+        for batch in _batches(shard, batch_size=32):
             for record in batch.to_pylist():
                 q = _question(record, shard, row)
                 if q.id in seen_ids:

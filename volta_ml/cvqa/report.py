@@ -12,14 +12,36 @@ from pathlib import Path
 
 import numpy as np
 
+from volta_ml.atomic import atomic_open
+
 from .data import HIDDEN_LABEL, CVQAQuestion
 
 RANDOM_ACCURACY = 25.0
+PREDICTION_COLUMNS = ["ID", "Prediction", "Label", "pair", "category", "image_type", "score_0", "score_1", "score_2",
+                      "score_3", "condition", "revision", "question_en"]
 BREAKDOWNS = {"pair": lambda q: q.pair, "category": lambda q: q.category, "image_type": lambda q: q.image_type}
 
 
 def _percent(correct: int, total: int) -> float | None:
-    return round(100.0 * correct / total, 4) if total else None
+    """Unrounded: averages and differences are taken from these, and only printing rounds."""
+    return 100.0 * correct / total if total else None
+
+
+def group_accuracy(keys, correct, labelled) -> dict[str, dict]:
+    """{key: {"n", "labelled", "accuracy"}} over the questions' group keys, keys sorted."""
+    groups: dict[str, list[int]] = OrderedDict()
+    for key, ok, has in zip(keys, correct, labelled):
+        tally = groups.setdefault(key, [0, 0, 0])
+        tally[0] += int(ok)
+        tally[1] += int(has)
+        tally[2] += 1
+    return {k: {"n": n, "labelled": m, "accuracy": _percent(c, m)} for k, (c, m, n) in sorted(groups.items())}
+
+
+def macro(per_pair: dict[str, dict]) -> float | None:
+    """Unweighted mean of the pairs' (unrounded) accuracies; pairs without labels are left out."""
+    values = [v["accuracy"] for v in per_pair.values() if v["accuracy"] is not None]
+    return float(np.mean(values)) if values else None
 
 
 def group_keys(questions: list[CVQAQuestion], by: str) -> list[str]:
@@ -40,15 +62,8 @@ def accuracy_summary(questions: list[CVQAQuestion], predictions: np.ndarray) -> 
     out: dict = {"questions": len(questions), "labelled": int(labelled.sum()),
                  "micro": _percent(int(correct.sum()), int(labelled.sum()))}
     for by in BREAKDOWNS:
-        groups: dict[str, list[int]] = OrderedDict()
-        for key, ok, has in zip(group_keys(questions, by), correct, labelled):
-            tally = groups.setdefault(key, [0, 0, 0])
-            tally[0] += int(ok)
-            tally[1] += int(has)
-            tally[2] += 1
-        out[by] = {k: {"n": n, "labelled": m, "accuracy": _percent(c, m)} for k, (c, m, n) in sorted(groups.items())}
-    pair_acc = [v["accuracy"] for v in out["pair"].values() if v["accuracy"] is not None]
-    out["macro"] = round(float(np.mean(pair_acc)), 4) if pair_acc else None
+        out[by] = group_accuracy(group_keys(questions, by), correct, labelled)
+    out["macro"] = macro(out["pair"])
     return out
 
 
@@ -58,22 +73,33 @@ def en_loc_gap(summaries: dict[str, dict]) -> dict:
     for location in ("aware", "agnostic"):
         en, loc = summaries.get(f"en-{location}"), summaries.get(f"loc-{location}")
         if en and loc and en["micro"] is not None and loc["micro"] is not None:
-            gap[location] = {"micro": round(en["micro"] - loc["micro"], 4),
-                             "macro": round(en["macro"] - loc["macro"], 4)}
+            gap[location] = {"micro": en["micro"] - loc["micro"], "macro": en["macro"] - loc["macro"]}
     return gap
+
+
+def write_predictions(path: str | Path, questions: list[CVQAQuestion], predictions, scores, condition: str,
+                      revision: str) -> Path:
+    """`predictions_<condition>.csv`: one row per question with its prediction, label, groups, the four option
+    scores at full precision (shortest round-trip repr: ties are real ties) and the English question (for the
+    question-type breakdown). `scores` may be None (imported predictions): the score cells stay empty."""
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(PREDICTION_COLUMNS)
+        for i, (q, pred) in enumerate(zip(questions, predictions)):
+            row_scores = [repr(float(s)) for s in scores[i]] if scores is not None else [""] * 4
+            writer.writerow([q.id, int(pred), q.label, q.pair, q.category, q.image_type] + row_scores
+                            + [condition, revision, q.question_en])
+    return Path(path)
 
 
 def write_submission(path: str | Path, questions: list[CVQAQuestion], predictions: np.ndarray) -> Path:
     """The EvalAI submission file: columns `ID`, `Prediction` (option index 0-3), one row per question."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    with atomic_open(path, "w", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["ID", "Prediction"])
         for q, p in zip(questions, predictions):
             writer.writerow([q.id, int(p)])
-    tmp.replace(path)
-    return path
+    return Path(path)
 
 
 def breakdown_rows(results: dict, by: str) -> tuple[list[str], list[list]]:
@@ -91,6 +117,10 @@ def breakdown_rows(results: dict, by: str) -> tuple[list[str], list[list]]:
     macro = ["macro (pairs)", ""] + [results["runs"][r]["macro"] for r in runs]
     macro += [results["text_only"][c]["macro"] for c in results.get("text_only", {})] + [RANDOM_ACCURACY]
     return header, rows + [overall, macro]
+
+
+def _csv_cell(value):
+    return round(value, 4) if isinstance(value, float) else value
 
 
 def _cell(value) -> str:
@@ -112,7 +142,8 @@ def write_tables(results: dict, out_dir: str | Path) -> list[Path]:
         header, rows = breakdown_rows(results, by)
         path = out_dir / f"cvqa_{by}.csv"
         with open(path, "w", newline="", encoding="utf-8") as f:   # the revision on every row: files travel alone
-            csv.writer(f).writerows([header + ["revision"]] + [row + [results["revision"]] for row in rows])
+            csv.writer(f).writerows([header + ["revision"]] + [[_csv_cell(v) for v in row] + [results["revision"]]
+                                                               for row in rows])
         written.append(path)
         md += [f"## Accuracy (%) per {by.replace('_', ' ')}", "", "| " + " | ".join(header) + " |",
                "|" + "---|" * len(header)]

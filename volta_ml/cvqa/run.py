@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 import sys
@@ -16,7 +15,7 @@ import numpy as np
 from .zoo import MatchingScorer, score_condition
 from .data import HIDDEN_LABEL, CVQADataset, load_cvqa
 from .prompts import CONDITIONS, PROMPTS_VERSION, parse_condition
-from .report import accuracy_summary, en_loc_gap, plot_pairs, write_submission, write_tables
+from .report import accuracy_summary, en_loc_gap, plot_pairs, write_predictions, write_submission, write_tables
 
 DEFAULTS = {
     "kind": "pretraining", "task_id": None, "revision": None, "conditions": list(CONDITIONS),
@@ -97,7 +96,8 @@ def run_cvqa(args_dict: dict) -> str:
         seconds = time.time() - condition_start
         results["timing"][condition] = {"seconds": round(seconds, 3),
                                         "questions_per_second": round(len(dataset.questions) / max(seconds, 1e-9), 2)}
-        _write_predictions(out_dir / f"predictions_{condition}.csv", dataset, scored)
+        write_predictions(out_dir / f"predictions_{condition}.csv", dataset.questions, scored.predictions,
+                          scored.scores, scored.condition, dataset.revision)
         write_submission(out_dir / f"submission_{condition}.csv", dataset.questions, scored.predictions)
         results["runs"][condition] = accuracy_summary(dataset.questions, scored.predictions)
         results["text_stats"][condition] = _text_stats(dataset, scored.texts)
@@ -170,18 +170,6 @@ def _text_stats(dataset: CVQADataset, texts) -> dict:
         rows = pairs == pair
         stats["unk_rate_per_pair"][pair] = round(float(texts.unk[rows].sum() / max(texts.lengths[rows].sum(), 1)), 4)
     return stats
-
-
-def _write_predictions(path: Path, dataset: CVQADataset, scored) -> None:
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["ID", "Prediction", "Label", "pair", "category", "image_type",
-                         "score_0", "score_1", "score_2", "score_3", "condition", "revision"])
-        for q, pred, scores in zip(dataset.questions, scored.predictions, scored.scores):
-            writer.writerow([q.id, int(pred), q.label, q.pair, q.category, q.image_type]
-                            + [f"{s:.6g}" for s in scores] + [scored.condition, dataset.revision])
-    tmp.replace(path)
 
 
 def _save_json(path: Path, payload: dict) -> None:

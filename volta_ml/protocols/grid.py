@@ -11,13 +11,14 @@ from pathlib import Path
 
 import yaml
 
+from .cvqa import CVQASection, load_section
 from .iglue import FEW_SHOT_EPOCHS, FEW_SHOT_LRS, TASKS
 
 PROTOCOLS = ("zero_shot", "translate_test", "few_shot", "translate_train")
-COMMAND_KINDS = ("train", "eval", "eval_retrieval", "gqa_score")
+COMMAND_KINDS = ("train", "eval", "eval_retrieval", "gqa_score", "cvqa_score")
 TOP_KEYS = {"name", "data_root", "output_dir", "task_configs", "checkpoint_root", "models", "tasks", "protocols",
             "languages", "few_shot_languages", "shots", "learning_rates", "seeds", "include_english",
-            "num_epoch", "commands", "extra_flags", "paths", "env", "pass_data_root", "slurm", "python"}
+            "num_epoch", "commands", "extra_flags", "paths", "env", "pass_data_root", "slurm", "python", "cvqa"}
 MODEL_KEYS = {"config", "bert_model", "do_lower_case", "is_m3p", "features", "finetuned", "pretrained"}
 EXTRA_FLAG_KINDS = set(COMMAND_KINDS) | {"finetune", "few_shot_train", "translate_train"}
 
@@ -63,6 +64,7 @@ class Grid:
     slurm: dict
     checkpoint_root: str = ""
     python: str = sys.executable
+    cvqa: CVQASection | None = None        # CVQA cells (volta_ml/protocols/cvqa.py)
 
     def step(self) -> list[str]:
         """argv prefix of the in-cell helper steps (record, select)."""
@@ -78,7 +80,7 @@ def default_commands(python: str = sys.executable) -> dict[str, list[str]]:
     interpreter running the sweep, which also suits Slurm nodes sharing its environment)."""
     base = [python, "-m", "volta_ml.cli"]
     return {"train": base + ["train"], "eval": base + ["eval"], "eval_retrieval": base + ["eval-retrieval"],
-            "gqa_score": base + ["gqa-score"]}
+            "gqa_score": base + ["gqa-score"], "cvqa_score": base + ["cvqa", "score"]}
 
 
 def _default_task_configs() -> Path:
@@ -134,12 +136,12 @@ def load_grid(path: str | Path) -> Grid:
     if unknown:
         raise GridError(f"{path}: unknown key(s) {sorted(unknown)}; valid keys: {sorted(TOP_KEYS)}")
     for key in ("data_root", "models", "tasks"):
-        if key not in raw:
+        if key not in raw and "cvqa" not in raw:      # a CVQA-only grid needs none of the IGLUE keys
             raise GridError(f"{path}: missing required key '{key}'")
     base = path.parent
     where = lambda key: f"{path}: {key}"  # noqa: E731
 
-    tasks = _str_list(raw["tasks"], where("tasks"))
+    tasks = _str_list(raw.get("tasks", []), where("tasks"))
     for task in tasks:
         if task not in TASKS:
             raise GridError(f"{where('tasks')}: unknown task '{task}' (known: {sorted(TASKS)})")
@@ -148,10 +150,11 @@ def load_grid(path: str | Path) -> Grid:
         if p not in PROTOCOLS:
             raise GridError(f"{where('protocols')}: unknown protocol '{p}' (known: {list(PROTOCOLS)})")
 
-    if not isinstance(raw["models"], dict) or not raw["models"]:
+    raw_models = raw.get("models", {})
+    if not isinstance(raw_models, dict) or not (raw_models or "cvqa" in raw):
         raise GridError(f"{where('models')}: expected a mapping model-name -> settings")
     models = {name: _model(name, spec, base, tasks, where(f"models.{name}"))
-              for name, spec in raw["models"].items()}
+              for name, spec in raw_models.items()}
 
     python = str(raw.get("python") or sys.executable)
     commands = default_commands(python)
@@ -179,7 +182,7 @@ def load_grid(path: str | Path) -> Grid:
     name = str(raw.get("name") or path.stem)
     return Grid(
         path=path, name=name,
-        data_root=_resolve(base, raw["data_root"]),
+        data_root=_resolve(base, raw.get("data_root", ".")),
         output_dir=_resolve(base, raw.get("output_dir", f"runs/{name}")),
         task_configs=_resolve(base, raw["task_configs"]) if raw.get("task_configs") else _default_task_configs(),
         checkpoint_root=str(_resolve(base, raw["checkpoint_root"])) if raw.get("checkpoint_root") else "",
@@ -196,6 +199,7 @@ def load_grid(path: str | Path) -> Grid:
         env={str(k): str(v) for k, v in (raw.get("env") or {}).items()},
         pass_data_root=bool(raw.get("pass_data_root", True)),
         slurm=raw.get("slurm") or {}, python=python,
+        cvqa=load_section(raw["cvqa"], base, where("cvqa"), _str_list, GridError) if "cvqa" in raw else None,
     )
 
 

@@ -82,14 +82,34 @@ def best_validation(train_log: Path) -> float:
     return float(last.split(" ")[3])
 
 
+def cvqa_metrics(cell_dir: Path) -> dict:
+    """A CVQA cell (one condition): micro and macro accuracy from the `cvqa_results.json` it wrote (None when
+    the labels are hidden), and the condition."""
+    path = Path(cell_dir) / "cvqa_results.json"
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))["runs"]
+    except FileNotFoundError:
+        raise LogError(f"{path}: not written (the CVQA run did not finish)")
+    except (ValueError, KeyError, TypeError) as error:
+        raise LogError(f"{path}: no 'runs' ({error})")
+    if len(runs) != 1:
+        raise LogError(f"{path}: expected one condition in 'runs', found {sorted(runs)}")
+    (condition, summary), = runs.items()
+    return {"score": summary.get("micro"), "macro": summary.get("macro"), "condition": condition}
+
+
+SCORERS = {  # scorer -> metrics from (stdout log, stderr log, first validation line?)
+    "eval_task": lambda out, err, first: eval_task_metrics(err, first=first),
+    "gqa": lambda out, err, first: gqa_metrics(out),
+    "retrieval": lambda out, err, first: retrieval_metrics(out),
+    "cvqa": lambda out, err, first: cvqa_metrics(Path(out).parent),
+}
+
+
 def scorer_metrics(scorer: str, out_log: Path, err_log: Path, first_validation: bool = False) -> dict:
-    if scorer == "eval_task":
-        return eval_task_metrics(err_log, first=first_validation)
-    if scorer == "gqa":
-        return gqa_metrics(out_log)
-    if scorer == "retrieval":
-        return retrieval_metrics(out_log)
-    raise ValueError(f"unknown scorer {scorer!r}")
+    if scorer not in SCORERS:
+        raise ValueError(f"unknown scorer {scorer!r}")
+    return SCORERS[scorer](out_log, err_log, first_validation)
 
 
 # --- collecting records ----------------------------------------------------------------

@@ -17,11 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from .cell import Cell, Command
+from .cvqa import cvqa_cells
 from .grid import Grid, ModelSpec
 from .iglue import ADAM_FLAGS, TASKS, TaskSpec, finetune_grad_acc, model_extra_flags
 
 STAGES = ("finetune", "zero_shot", "translate_test", "few_shot_train", "few_shot_test", "translate_train",
-          "translate_train_test")
+          "translate_train_test", "cvqa")
 
 
 class Planner:
@@ -248,6 +249,8 @@ class Planner:
                     self.few_shot_cells(model, task)
                 if "translate_train" in self.grid.protocols:
                     self.translate_train_cells(model, task)
+        if self.grid.cvqa:
+            cvqa_cells(self)
         order = {s: i for i, s in enumerate(STAGES)}
         return sorted(self.cells.values(), key=lambda c: order[c.stage])   # stable: grid order within a stage
 

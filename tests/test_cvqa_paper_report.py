@@ -1,0 +1,239 @@
+"""`volta-ml cvqa report`: result folders whose predictions give known accuracies -> every cell of the paper's
+tables, the paper column and the differences."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from volta_ml.cvqa import paper
+from volta_ml.cvqa.collect import question_type
+from volta_ml.cvqa.data import CVQAQuestion
+from volta_ml.cvqa.report import accuracy_summary, write_predictions
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (pair, category, image type, English question): 3 pairs on 3 continents, 2 categories, 2 sources, 7 types
+SPEC = [("Brazil-Portuguese", "Cooking and Food", "Self", "What dish is this?"),
+        ("Brazil-Portuguese", "Cooking and food", "External", "Which city is this?"),
+        ("Brazil-Portuguese", "Brands and Products", "Self", "Who made this?"),
+        ("Brazil-Portuguese", "Brands and Products", "External", "How is it cooked?"),
+        ("India-Telugu", "Cooking and Food", "Self", "Why is it eaten?"),
+        ("India-Telugu", "Cooking and Food", "Self", "Where is this temple?"),
+        ("India-Telugu", "Brands and Products", "External", "WHAT brand is this?"),
+        ("Kenya-Swahili", "Cooking and Food", "Self", "Name this dish."),
+        ("Kenya-Swahili", "Brands and Products", "External", "Tell me: what is the name of this?"),
+        ("Kenya-Swahili", "Cooking and Food", "Self", "Somewhat odd: which one?")]
+TYPES = ["what", "which", "who", "how", "why", "where", "what", "other", "what", "which"]
+QUESTIONS = [CVQAQuestion(id=f"{i}_0", image_id=str(i), language=pair.split("-")[1], country=pair.split("-")[0],
+                          question="q", question_en=text, options=("a", "b", "c", "d"),
+                          options_en=("a", "b", "c", "d"), label=i % 4, category=cat, image_type=kind, shard="s",
+                          row=i) for i, (pair, cat, kind, text) in enumerate(SPEC)]
+LLAVA = "llava-hf/llava-1.5-7b-hf"
+CLIP = "openai/clip-vit-large-patch14-336"
+# run folder -> (backend, model, rule, {condition: indices of the questions answered right}, text-only?)
+FOLDERS = {
+    "llava_letter": ("mllm", LLAVA, "letter", {"en-aware": {0, 1, 2, 4, 6, 7, 8}, "loc-aware": {0, 4},
+                                               "en-agnostic": {0, 1, 2, 3, 4, 5}, "loc-agnostic": {0}}, False),
+    "sweep/clip/en-aware": ("clip", CLIP, None, {"en-aware": {0, 1, 2, 3, 4}}, False),
+    "sweep/clip/loc-aware": ("clip", CLIP, None, {"loc-aware": {9}}, False),
+    "llava_open": ("mllm", LLAVA, "open", {"en-aware": {0, 1, 2}}, False),
+    "zoo": (None, "ctrl_xuniter.bin", None, {"en-aware": {0}, "loc-aware": set()}, True),
+    "mblip": ("mllm", "/models/my-mblip", "letter", {"en-aware": set(), "loc-aware": set(range(10))}, False),
+}
+
+
+def predictions(right: set[int]) -> np.ndarray:
+    return np.array([q.label if i in right else (q.label + 1) % 4 for i, q in enumerate(QUESTIONS)])
+
+
+def write_folder(folder: Path, backend, model, rule, conditions, blind) -> None:
+    folder.mkdir(parents=True)
+    results = {"model": model, "model_revision": "0123abc", "revision": "datarev", "rule": rule, "runs": {},
+               "text_only": {}, "variants": {}}
+    if backend:
+        results["backend"] = backend
+    for condition, right in conditions.items():
+        preds = predictions(right)
+        write_predictions(folder / f"predictions_{condition}.csv", QUESTIONS, preds, np.zeros((10, 4)), condition,
+                          "datarev")
+        results["runs"][condition] = accuracy_summary(QUESTIONS, preds)
+        if blind:
+            results["text_only"][condition] = accuracy_summary(QUESTIONS, predictions({1, 2}))
+        if rule == "open":      # the open rule's length-normalised variant, as summaries only
+            results["variants"].setdefault("length_normalised", {})[condition] = accuracy_summary(
+                QUESTIONS, predictions({3, 4, 5, 6}))
+    (folder / "cvqa_results.json").write_text(json.dumps(results))
+
+
+def report(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "volta_ml.cli", "cvqa", "report", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def rows(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def number(cell: str):
+    return None if cell == "" else float(cell)
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("paper_report")
+    for name, spec in FOLDERS.items():
+        write_folder(tmp / "runs" / name, *spec)
+    proc = report(str(tmp / "runs"), "--out", str(tmp / "report"), "--paper-row", "/models/my-mblip=mBLIP-mT0")
+    assert proc.returncode == 0, proc.stderr
+    return tmp / "report"
+
+
+def expected_cells(right: set[int], group: int, key: str, kind=None) -> tuple[int, float]:
+    """(n, accuracy) of the questions whose SPEC field `group` (or TYPES when kind) is `key`, counted here."""
+    members = [i for i in range(10) if (TYPES[i] if kind else
+                                        {0: SPEC[i][0], 1: paper.paper_category(SPEC[i][1]),
+                                         2: {"Self": "Self-made", "External": "Web"}[SPEC[i][2]]}[group]) == key]
+    return len(members), 100.0 * len(right & set(members)) / len(members)
+
+
+LABELS = {"llava_letter": "LLaVA-1.5-7B (letter)", "sweep/clip/en-aware": "CLIP", "llava_open": "LLaVA-1.5-7B (open)",
+          "zoo": "ctrl_xuniter.bin", "mblip": "mBLIP-mT0 (letter)"}
+
+
+def test_table3_every_cell_paper_column_and_difference(out):
+    table = {r["model"]: r for r in rows(out / "table3_overall.csv")}
+    assert list(table) == ["LLaVA-1.5-7B (letter)", "LLaVA-1.5-7B (open)", "LLaVA-1.5-7B (open) length_normalised",
+                           "mBLIP-mT0 (letter)", "CLIP",
+                           "ctrl_xuniter.bin", "ctrl_xuniter.bin text-only", "random"]    # folder order
+    want = {  # EN, EN paper, LOC, LOC paper, EN macro, LOC macro
+        "LLaVA-1.5-7B (letter)": (70.0, 48.9, 20.0, 36.5, (75 + 200 / 3 + 200 / 3) / 3, (25 + 100 / 3 + 0) / 3),
+        "CLIP": (50.0, 42.3, 10.0, 31.5, (100 + 100 / 3 + 0) / 3, (0 + 0 + 100 / 3) / 3),
+        "LLaVA-1.5-7B (open)": (30.0, 30.0, None, None, (75 + 0 + 0) / 3, None),
+        "LLaVA-1.5-7B (open) length_normalised": (40.0, None, None, None, (25 + 100 + 0) / 3, None),
+        "ctrl_xuniter.bin": (10.0, None, 0.0, None, 25 / 3, 0.0),
+        "ctrl_xuniter.bin text-only": (20.0, None, 20.0, None, 50 / 3, 50 / 3),
+        "mBLIP-mT0 (letter)": (0.0, 31.5, 100.0, 31.2, 0.0, 100.0),
+        "random": (25.0, None, 25.0, None, 25.0, 25.0)}
+    for model, (en, p_en, loc, p_loc, en_macro, loc_macro) in want.items():
+        row = table[model]
+        assert number(row["EN"]) == pytest.approx(en) and number(row["EN paper"]) == p_en
+        assert number(row["LOC"]) == (None if loc is None else pytest.approx(loc)) and number(row["LOC paper"]) == p_loc
+        assert number(row["EN diff"]) == (None if p_en is None else pytest.approx(en - p_en, abs=5e-5))
+        assert number(row["LOC diff"]) == (None if p_loc is None else pytest.approx(loc - p_loc, abs=5e-5))
+        assert number(row["EN-LOC gap"]) == (None if loc is None else pytest.approx(en - loc))
+        assert number(row["EN macro"]) == pytest.approx(round(en_macro, 4), abs=1e-9)   # 4 decimals of the exact value
+        assert number(row["LOC macro"]) == (None if loc_macro is None else pytest.approx(round(loc_macro, 4), abs=1e-9))
+    assert table["LLaVA-1.5-7B (letter)"]["EN diff"] == "21.1" and table["LLaVA-1.5-7B (letter)"]["LOC diff"] == "-16.5"
+    assert table["LLaVA-1.5-7B (letter)"]["EN macro"] == "69.4444" and table["CLIP"]["rule"] == "-"
+    assert table["ctrl_xuniter.bin"]["backend"] == "zoo" and table["ctrl_xuniter.bin"]["paper model"] == "-"
+    md = (out / "table3_overall.md").read_text()
+    assert "| LLaVA-1.5-7B (letter) | mllm | letter | LLaVA-1.5-7B | 70.00 | 48.90 | 21.10 | 20.00 | 36.50 | -16.50 |" in md
+    tex = (out / "table3_overall.tex").read_text()
+    assert r"\begin{tabular}{llllrrrrrrrrrr}" in tex and r"LLaVA-1.5-7B (letter) & mllm & letter" in tex
+
+
+def test_table7_aware_and_agnostic(out):
+    table = {(r["prompt"], r["model"]): r for r in rows(out / "table7_prompt.csv")}
+    assert [k for k in table if k[0] == "agnostic"] == [("agnostic", "LLaVA-1.5-7B (letter)")]
+    agnostic = table[("agnostic", "LLaVA-1.5-7B (letter)")]
+    assert [agnostic[c] for c in ("EN", "EN paper", "EN diff", "LOC", "LOC paper", "LOC diff", "EN-LOC gap")] == \
+        ["60.0", "47.7", "12.3", "10.0", "35.4", "-25.4", "50.0"]
+    aware = table[("aware", "CLIP")]
+    assert [aware[c] for c in ("EN", "EN paper", "EN diff", "LOC", "LOC paper", "LOC diff")] == \
+        ["50.0", "42.3", "7.7", "10.0", "31.5", "-21.5"]
+    assert table[("aware", "LLaVA-1.5-7B (open)")]["EN paper"] == ""      # Table 7 is the letter rule only
+
+
+@pytest.mark.parametrize("name,column,group,reference", [
+    ("table5_category", "category", 1, paper.TABLE5), ("table6_image_source", "image source", 2, paper.TABLE6),
+    ("figure3_pairs", "pair", 0, paper.FIGURE3)])
+def test_breakdown_tables_every_cell(out, name, column, group, reference):
+    table = rows(out / f"{name}.csv")
+    seen = set()
+    for row in table:
+        folder = next(f for f, label in LABELS.items() if label == row["model"])
+        backend, model, rule, conditions, _ = FOLDERS[folder]
+        if folder.startswith("sweep/"):
+            conditions = {**FOLDERS["sweep/clip/en-aware"][3], **FOLDERS["sweep/clip/loc-aware"][3]}
+        p_row = paper.paper_row(backend, model, {"/models/my-mblip": "mBLIP-mT0"})
+        theirs = reference.get((row[column], p_row)) if rule != "open" else None
+        for lang, condition in (("EN", "en-aware"), ("LOC", "loc-aware")):
+            if condition not in conditions:
+                assert row[lang] == ""
+                continue
+            n, acc = expected_cells(conditions[condition], group, row[column])
+            assert int(row["n"]) == n and number(row[lang]) == pytest.approx(round(acc, 4), abs=1e-9)
+            assert number(row[f"{lang} paper"]) == (theirs[lang == "LOC"] if theirs else None)
+            assert number(row[f"{lang} diff"]) == (pytest.approx(acc - theirs[lang == "LOC"], abs=5e-5) if theirs
+                                                   else None)
+        seen.add((row[column], row["model"]))
+    keys = {expected for expected in ({0: s[0], 1: paper.paper_category(s[1]), 2: None}[group] for s in SPEC)} - {None}
+    assert len(seen) == len(table) == len(keys or {"Self-made", "Web"}) * len(LABELS)
+
+
+def test_figure3_groups_pairs_by_continent_and_quotes_the_paper(out):
+    table = rows(out / "figure3_pairs.csv")
+    assert list(dict.fromkeys((r["continent"], r["pair"]) for r in table)) == [
+        ("Asia", "India-Telugu"), ("Latin America", "Brazil-Portuguese"), ("Africa", "Kenya-Swahili")]
+    brazil = next(r for r in table if r["pair"] == "Brazil-Portuguese" and r["model"] == "LLaVA-1.5-7B (letter)")
+    assert (brazil["EN"], brazil["EN paper"], brazil["EN diff"]) == ("75.0", "60.73", "14.27")
+    assert (brazil["LOC"], brazil["LOC paper"], brazil["LOC diff"]) == ("25.0", "51.16", "-26.16")
+
+
+def test_question_types(out):
+    assert [question_type(s[3]) for s in SPEC] == TYPES           # whole words, any case, first one wins
+    table = {(r["question type"], r["model"]): r for r in rows(out / "question_types.csv")}
+    assert list(dict.fromkeys(k[0] for k in table)) == ["what", "how", "why", "where", "who", "which", "other"]
+    for (kind, model), row in table.items():
+        folder = next(f for f, label in LABELS.items() if label == model)
+        conditions = FOLDERS[folder][3]
+        if folder.startswith("sweep/"):
+            conditions = {**conditions, **FOLDERS["sweep/clip/loc-aware"][3]}
+        for lang, condition in (("EN", "en-aware"), ("LOC", "loc-aware")):
+            n, acc = expected_cells(conditions[condition], 0, kind, kind=True) if condition in conditions else (0, None)
+            assert number(row[lang]) == (None if acc is None else pytest.approx(round(acc, 4), abs=1e-9))
+            assert int(row["n"]) == TYPES.count(kind)
+    assert table[("what", "LLaVA-1.5-7B (letter)")]["EN"] == "100.0"       # questions 0, 6, 8 all right
+
+
+def test_report_files_and_figures(out):
+    for name in ("table3_overall", "table5_category", "table6_image_source", "table7_prompt", "figure3_pairs",
+                 "question_types"):
+        for ext in ("csv", "md", "tex"):
+            assert (out / f"{name}.{ext}").stat().st_size > 0
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = (out / "cvqa_paper_report.md").read_text()
+    assert "Data revision(s): `datarev`." in summary and "en-aware, loc-aware" in summary   # the CLIP folders merged
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
+    from volta_ml.cli import main
+
+    write_folder(tmp_path / "a", *FOLDERS["sweep/clip/en-aware"])
+    write_folder(tmp_path / "b", *FOLDERS["sweep/clip/en-aware"])
+    (tmp_path / "empty").mkdir()
+    write_folder(tmp_path / "c", *FOLDERS["sweep/clip/en-aware"])
+    (tmp_path / "c" / "predictions_en-aware.csv").rename(tmp_path / "c" / "predictions_english.csv")
+    write_folder(tmp_path / "d", *FOLDERS["sweep/clip/en-aware"])
+    broken = tmp_path / "d" / "predictions_en-aware.csv"
+    lines = broken.read_text().splitlines()
+    lines[3] = ",".join(["2_0", "B"] + lines[3].split(",")[2:])      # line 4: question 2 predicts "B"
+    broken.write_text("\n".join(lines) + "\n")
+    for args, message in (([tmp_path / "d"], f"{broken} line 4: Prediction and Label must be integers"),
+            ([tmp_path / "a", tmp_path / "b"], f"{tmp_path / 'b' / 'predictions_en-aware.csv'}: en-aware of "
+                                               f"{CLIP} (clip) is also in {tmp_path / 'a'}"),
+            ([tmp_path / "nothing"], "nothing: no such file or folder"),
+            ([tmp_path / "empty"], "empty: no cvqa_results.json at or below this folder"),
+            ([tmp_path / "c"], "predictions_english.csv: the file name names no condition"),
+            ([tmp_path / "a", "--paper-row", "x=GPT-5"], "--paper-row 'x=GPT-5': expected MODEL=ROW")):
+        assert main(["cvqa", "report", *map(str, args), "--out", str(tmp_path / "r")]) == 2
+        stderr = capsys.readouterr().err
+        assert len(stderr.strip().splitlines()) == 1 and message in stderr, stderr

@@ -1,0 +1,180 @@
+"""Reading CVQA result folders for the paper tables: one folder is one run of one model with one rule
+(`cvqa_results.json` + `predictions_<condition>.csv`); folders of the same backend, model, revision and rule
+(e.g. one sweep cell per condition) are merged into one table row.
+
+Accuracies are recomputed from the per-question predictions, so every breakdown (also ones a run did not
+write, like the question types) is available and comes from unrounded counts.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .data import HIDDEN_LABEL
+from .paper import paper_category, paper_image_source, paper_row
+from .prompts import CONDITIONS
+from .report import group_accuracy, macro
+
+RESULTS_FILE = "cvqa_results.json"
+QUESTION_TYPES = ("what", "how", "why", "where", "who", "which")
+_WH = re.compile(r"\b(" + "|".join(QUESTION_TYPES) + r")\b", re.IGNORECASE)
+
+
+class ReportInputError(ValueError):
+    """A result folder that cannot be tabulated; the message names the folder or file."""
+
+
+def question_type(question_en: str) -> str:
+    """The first of what/how/why/where/who/which in the English question (whole words, any case), else other."""
+    match = _WH.search(question_en or "")
+    return match.group(1).casefold() if match else "other"
+
+
+@dataclass
+class Predictions:
+    """One condition of one run, per question."""
+    source: Path
+    prediction: np.ndarray
+    label: np.ndarray
+    groups: dict[str, list[str]]          # pair, category, image_type, question_type -> one key per question
+    revisions: frozenset[str] = frozenset()   # the data revision(s) named in the file
+
+    @property
+    def labelled(self) -> np.ndarray:
+        return self.label != HIDDEN_LABEL
+
+    @property
+    def correct(self) -> np.ndarray:
+        return (self.prediction == self.label) & self.labelled
+
+    def micro(self) -> float | None:
+        n = int(self.labelled.sum())
+        return 100.0 * int(self.correct.sum()) / n if n else None
+
+    def by(self, group: str) -> dict[str, dict]:
+        """{key: {n, labelled, accuracy}}; empty when the files lack this group's column."""
+        keys = self.groups.get(group)
+        return group_accuracy(keys, self.correct, self.labelled) if keys is not None else {}
+
+    def macro(self) -> float | None:
+        return macro(self.by("pair"))
+
+
+@dataclass
+class Run:
+    """One table row: a model with one rule (all its conditions, possibly from several folders)."""
+    backend: str
+    model: str
+    revision: str
+    rule: str
+    paper: str | None
+    folders: list[Path] = field(default_factory=list)
+    conditions: dict[str, Predictions] = field(default_factory=dict)
+    # accuracy summaries the run wrote without per-question files: "text-only" (the blind control) and the
+    # rule's variants (e.g. the open rule's length_normalised), each {condition: accuracy_summary}
+    summaries: dict[str, dict[str, dict]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        name = self.paper or Path(self.model.rstrip("/")).name or self.model
+        return name if self.rule in ("", "-") else f"{name} ({self.rule})"
+
+
+def _str(value) -> str:
+    return "" if value is None else str(value)
+
+
+def read_predictions(path: Path) -> Predictions:
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise ReportInputError(f"{path}: cannot read ({err})") from None
+    needed = ("ID", "Prediction", "Label", "pair", "category", "image_type")
+    missing = [c for c in needed if rows and c not in rows[0]]
+    if not rows or missing:
+        raise ReportInputError(f"{path}: " + (f"missing column(s) {missing}" if rows else "no predictions"))
+    try:
+        prediction = np.array([int(r["Prediction"]) for r in rows])
+        label = np.array([int(r["Label"]) for r in rows])
+    except ValueError as err:
+        line = next((i + 2 for i, r in enumerate(rows) if not (r["Prediction"].lstrip("-").isdigit()
+                                                                and r["Label"].lstrip("-").isdigit())), "?")
+        raise ReportInputError(f"{path} line {line}: Prediction and Label must be integers ({err})") from None
+    groups = {"pair": [r["pair"] for r in rows], "category": [paper_category(r["category"]) for r in rows],
+              "image_type": [paper_image_source(r["image_type"]) for r in rows]}
+    if "question_en" in rows[0]:
+        groups["question_type"] = [question_type(r["question_en"]) for r in rows]
+    return Predictions(path, prediction, label, groups, frozenset(r.get("revision") or "unknown" for r in rows))
+
+
+def _condition(path: Path) -> tuple[str, str] | None:
+    """`predictions_en-aware.csv` -> ("en-aware", ""); `predictions_en-aware_norm.csv` -> ("en-aware", "norm")."""
+    stem = path.stem[len("predictions_"):]
+    for condition in CONDITIONS:
+        if stem == condition:
+            return condition, ""
+        if stem.startswith(condition) and stem[len(condition)] in "_-.":
+            return condition, stem[len(condition) + 1:]
+    return None
+
+
+def result_folders(paths: list[str | Path]) -> list[Path]:
+    """The folders holding `cvqa_results.json` at or below each path, in the order given."""
+    folders: list[Path] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ReportInputError(f"{path}: no such file or folder")
+        found = [path.parent] if path.name == RESULTS_FILE else sorted(p.parent for p in path.rglob(RESULTS_FILE))
+        if not found:
+            raise ReportInputError(f"{path}: no {RESULTS_FILE} at or below this folder")
+        folders += [f for f in found if f not in folders]
+    return folders
+
+
+def load_runs(paths: list[str | Path], aliases: dict[str, str] | None = None) -> list[Run]:
+    """Every run under `paths`, merged by (backend, model, revision, rule); a condition found twice for one
+    run is an error naming both folders."""
+    runs: dict[tuple, Run] = {}
+    for folder in result_folders(paths):
+        try:
+            results = json.loads((folder / RESULTS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ReportInputError(f"{folder / RESULTS_FILE}: not readable JSON ({err})") from None
+        backend = _str(results.get("backend")) or "zoo"
+        model = _str(results.get("model")) or folder.name
+        # "revision" is the data's commit; the checkpoint's is "model_revision" (zoo runs: the checkpoint file)
+        revision, rule = _str(results.get("model_revision")), _str(results.get("rule"))
+        files = sorted(folder.glob("predictions_*.csv"))
+        if not files:
+            raise ReportInputError(f"{folder}: {RESULTS_FILE} but no predictions_<condition>.csv beside it")
+        for path in files:
+            parsed = _condition(path)
+            if parsed is None:
+                raise ReportInputError(f"{path}: the file name names no condition ({', '.join(CONDITIONS)})")
+            condition, variant = parsed
+            run_rule = "+".join(x for x in (rule, variant) if x)
+            key = (backend, model, revision, run_rule)
+            run = runs.setdefault(key, Run(backend, model, revision, run_rule, paper_row(backend, model, aliases)))
+            if condition in run.conditions:
+                raise ReportInputError(f"{path}: {condition} of {model} ({run_rule or backend}) is also in "
+                                       f"{run.conditions[condition].source.parent}; give one of the two folders")
+            run.conditions[condition] = read_predictions(path)
+            if folder not in run.folders:
+                run.folders.append(folder)
+            if not variant:
+                extra = {"text-only": results.get("text_only") or {}, **(results.get("variants") or {})}
+                for name, by_condition in extra.items():
+                    if condition in by_condition:
+                        run.summaries.setdefault(name, {})[condition] = by_condition[condition]
+    return list(runs.values())
+
+
+def data_revisions(runs: list[Run]) -> list[str]:
+    """The data revisions named in the predictions files (one expected; several mean runs on different data)."""
+    return sorted({rev for run in runs for preds in run.conditions.values() for rev in preds.revisions})

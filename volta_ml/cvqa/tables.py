@@ -1,0 +1,242 @@
+"""The CVQA paper's tables over several runs, with the paper's numbers beside ours: Table 3 (EN/LOC per model),
+Table 5 (per category), Table 6 (image source), Table 7 (location-aware vs agnostic), Figure 3's numbers (per
+country-language pair, grouped by continent) and the question types, each as CSV, Markdown and LaTeX.
+
+Every table is long-format: one row per (group, run), columns EN / EN paper / EN diff / LOC / LOC paper /
+LOC diff, where diff = ours - paper, taken from unrounded accuracies. CSV keeps 4 decimals, Markdown and LaTeX
+`digits`. A "paper" cell is filled only where the run is the paper's model (see `paper.paper_row`) scored with
+the paper's rule.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from volta_ml.atomic import atomic_open
+
+from . import paper
+from .collect import QUESTION_TYPES, Run
+from .report import RANDOM_ACCURACY
+
+RUN_COLUMNS = ["model", "backend", "rule", "paper model"]
+EN_LOC = ["EN", "EN paper", "EN diff", "LOC", "LOC paper", "LOC diff"]
+
+
+@dataclass
+class Table:
+    name: str                      # file stem
+    title: str
+    header: list[str]
+    rows: list[list] = field(default_factory=list)
+    note: str = ""
+
+
+def _diff(ours, theirs):
+    return None if ours is None or theirs is None else ours - theirs
+
+
+def _en_loc(en, loc, reference) -> list:
+    p_en, p_loc = reference or (None, None)
+    return [en, p_en, _diff(en, p_en), loc, p_loc, _diff(loc, p_loc)]
+
+
+def _run_cells(run: Run) -> list:
+    return [run.label, run.backend, run.rule or "-", run.paper or "-"]
+
+
+def paper_rule(run: Run) -> str | None:
+    """Which of the paper's results a run compares with: "main" (letter / similarity rows), "open", or None."""
+    if run.paper is None or "+" in run.rule:           # a variant (e.g. length-normalised) the paper did not run
+        return None
+    return "open" if run.rule in paper.OPEN_RULES else "main"
+
+
+def _micro(run: Run, condition: str):
+    preds = run.conditions.get(condition)
+    return preds.micro() if preds else None
+
+
+def _macro(run: Run, condition: str):
+    preds = run.conditions.get(condition)
+    return preds.macro() if preds else None
+
+
+def table3(runs: list[Run]) -> Table:
+    table = Table("table3_overall", "Table 3: accuracy (%) per model, location-aware prompt",
+                  RUN_COLUMNS + EN_LOC + ["EN-LOC gap", "EN macro", "LOC macro", "questions"],
+                  note="EN / LOC: average over questions; macro: over country-language pairs. The paper gives "
+                       "the open-ended LLaVA-1.5-7B result as about 30% (EN). Rows `<model> text-only` are the "
+                       "blind control, rows `<model> <variant>` a variant of the model's rule (e.g. the open "
+                       "rule's length_normalised).")
+    for run in runs:
+        en, loc = _micro(run, "en-aware"), _micro(run, "loc-aware")
+        reference = {"main": paper.TABLE3, "open": paper.TABLE3_OPEN}.get(paper_rule(run), {}).get(run.paper)
+        any_preds = next(iter(run.conditions.values()))
+        table.rows.append(_run_cells(run) + _en_loc(en, loc, reference) +
+                          [_diff(en, loc), _macro(run, "en-aware"), _macro(run, "loc-aware"), len(any_preds.label)])
+        for name, by_condition in run.summaries.items():      # text-only control, rule variants
+            en_s, loc_s = by_condition.get("en-aware"), by_condition.get("loc-aware")
+            if not (en_s or loc_s):
+                continue
+            value = lambda summary, key: summary[key] if summary else None  # noqa: E731
+            en, loc = value(en_s, "micro"), value(loc_s, "micro")
+            table.rows.append([f"{run.label} {name}", "blind" if name == "text-only" else run.backend,
+                               run.rule or "-", "-"] + _en_loc(en, loc, None) +
+                              [_diff(en, loc), value(en_s, "macro"), value(loc_s, "macro"),
+                               (en_s or loc_s)["questions"]])
+    table.rows.append(["random", "-", "-", "-"] + _en_loc(RANDOM_ACCURACY, RANDOM_ACCURACY, None)
+                      + [0.0, RANDOM_ACCURACY, RANDOM_ACCURACY, ""])
+    return table
+
+
+def _breakdown(name: str, title: str, column: str, group: str, runs: list[Run], reference: dict | None,
+               order: list[str], note: str = "") -> Table:
+    """Rows (group key, run) for one breakdown of the location-aware runs; `reference` maps (key, paper row) to
+    the paper's (EN, LOC); None: a table without paper columns."""
+    table = Table(name, title, [column] + RUN_COLUMNS + ["n"] + (EN_LOC if reference is not None else ["EN", "LOC"]),
+                  note=note)
+    found = {k for run in runs for c in ("en-aware", "loc-aware") if c in run.conditions
+             for k in run.conditions[c].by(group)}
+    keys = [k for k in order if k in found] + sorted(found - set(order))
+    for key in keys:
+        for run in runs:
+            cells = {c: run.conditions[c].by(group).get(key) if c in run.conditions else None
+                     for c in ("en-aware", "loc-aware")}
+            if not any(cells.values()):
+                continue
+            n = next(v["n"] for v in cells.values() if v)
+            acc = {c: v["accuracy"] if v else None for c, v in cells.items()}
+            if reference is None:
+                table.rows.append([key] + _run_cells(run) + [n, acc["en-aware"], acc["loc-aware"]])
+                continue
+            theirs = reference.get((key, run.paper)) if paper_rule(run) == "main" else None
+            table.rows.append([key] + _run_cells(run) + [n] + _en_loc(acc["en-aware"], acc["loc-aware"], theirs))
+    return table
+
+
+def table5(runs: list[Run]) -> Table:
+    return _breakdown("table5_category", "Table 5: accuracy (%) per category, location-aware prompt", "category",
+                      "category", runs, paper.TABLE5, sorted({k for k, _ in paper.TABLE5}))
+
+
+def table6(runs: list[Run]) -> Table:
+    return _breakdown("table6_image_source", "Table 6: accuracy (%) per image source, location-aware prompt",
+                      "image source", "image_type", runs, paper.TABLE6, ["Self-made", "Web"])
+
+
+def figure3(runs: list[Run]) -> Table:
+    pairs = {k for run in runs for preds in run.conditions.values() for k in preds.groups["pair"]}
+    order = sorted(pairs, key=lambda p: (paper.CONTINENT_ORDER.index(paper.continent(p)), p))
+    table = _breakdown("figure3_pairs", "Figure 3: accuracy (%) per country-language pair, location-aware prompt",
+                       "pair", "pair", runs, paper.FIGURE3, order,
+                       note="The paper quotes two of Figure 3's values in its text; the others are only plotted.")
+    table.header.insert(1, "continent")
+    for row in table.rows:
+        row.insert(1, paper.continent(row[0]))
+    return table
+
+
+def question_types(runs: list[Run]) -> Table:
+    return _breakdown("question_types", "Accuracy (%) per question type (first what/how/why/where/who/which "
+                      "word of the English question), location-aware prompt", "question type", "question_type",
+                      runs, None, list(QUESTION_TYPES) + ["other"],
+                      note="The paper's Figure 2 counts these types; it reports no accuracy per type. Runs whose "
+                           "predictions files lack the English question (written before it was added) are absent.")
+
+
+def table7(runs: list[Run]) -> Table:
+    table = Table("table7_prompt", "Table 7: location-aware vs location-agnostic prompt, accuracy (%)",
+                  ["prompt"] + RUN_COLUMNS + EN_LOC + ["EN-LOC gap"])
+    for location in ("aware", "agnostic"):
+        for run in runs:
+            en, loc = _micro(run, f"en-{location}"), _micro(run, f"loc-{location}")
+            if en is None and loc is None:
+                continue
+            theirs = paper.TABLE7.get((location, run.paper)) if paper_rule(run) == "main" else None
+            table.rows.append([location] + _run_cells(run) + _en_loc(en, loc, theirs) + [_diff(en, loc)])
+    return table
+
+
+TABLES = (table3, table5, table6, table7, figure3, question_types)
+
+
+def build_tables(runs: list[Run]) -> list[Table]:
+    return [build(runs) for build in TABLES]
+
+
+# --- writing --------------------------------------------------------------------------------
+def _fmt(value, digits: int) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _latex_escape(text: str) -> str:
+    for char, escaped in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
+                          ("$", r"\$"), ("{", r"\{"), ("}", r"\}")):
+        text = text.replace(char, escaped)
+    return text
+
+
+def markdown(table: Table, digits: int) -> list[str]:
+    lines = [f"## {table.title}", ""]
+    if table.note:
+        lines += [table.note, ""]
+    lines += ["| " + " | ".join(table.header) + " |", "|" + "---|" * len(table.header)]
+    lines += ["| " + " | ".join(_fmt(v, digits) for v in row) + " |" for row in table.rows]
+    return lines + [""]
+
+
+def latex(table: Table, digits: int) -> str:
+    numeric = [all(isinstance(r[i], (int, float)) or r[i] in (None, "") for r in table.rows)
+               for i in range(len(table.header))]
+    spec = "".join("r" if n else "l" for n in numeric)
+    lines = [r"\begin{table}[t]", r"\centering", r"\small", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+             " & ".join(_latex_escape(h) for h in table.header) + r" \\", r"\midrule"]
+    lines += [" & ".join(_latex_escape(_fmt(v, digits)) for v in row) + r" \\" for row in table.rows]
+    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{_latex_escape(table.title)}}}",
+              rf"\label{{tab:cvqa-{table.name.replace('_', '-')}}}", r"\end{table}", ""]
+    return "\n".join(lines)
+
+
+def write_table(table: Table, out_dir: Path, digits: int) -> list[Path]:
+    """`<name>.csv` (4 decimals), `<name>.md` and `<name>.tex` (`digits` decimals)."""
+    paths = [out_dir / f"{table.name}.{ext}" for ext in ("csv", "md", "tex")]
+    with atomic_open(paths[0], "w", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(table.header)
+        writer.writerows([round(v, 4) if isinstance(v, float) else ("" if v is None else v) for v in row]
+                         for row in table.rows)
+    with atomic_open(paths[1], "w", encoding="utf-8") as f:
+        f.write("\n".join(markdown(table, digits)))
+    with atomic_open(paths[2], "w", encoding="utf-8") as f:
+        f.write(latex(table, digits))
+    return paths
+
+
+def write_paper_report(runs: list[Run], out_dir: str | Path, digits: int = 2, plots: bool = True,
+                       data_revisions: list[str] | None = None) -> list[Path]:
+    """Every table as CSV/Markdown/LaTeX (and PNG with `plots`) in `out_dir`, plus `cvqa_paper_report.md`
+    holding all tables and the list of runs with their folders."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables = build_tables(runs)
+    written = [p for table in tables for p in write_table(table, out_dir, digits)]
+    if plots:
+        from .figures import write_figures
+        written += write_figures(tables, out_dir)
+    lines = ["# CVQA: the paper's tables", ""]
+    if data_revisions:
+        warning = " (several: these runs scored different data)" if len(data_revisions) > 1 else ""
+        lines += [f"Data revision(s): {', '.join(f'`{r}`' for r in data_revisions)}{warning}.", ""]
+    lines += ["| model | backend | model revision | rule | paper model | conditions | folders |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.label} | {r.backend} | {r.revision or '-'} | {r.rule or '-'} | {r.paper or '-'} | "
+              f"{', '.join(r.conditions)} | {', '.join(str(f) for f in r.folders)} |" for r in runs]
+    lines.append("")
+    for table in tables:
+        lines += markdown(table, digits)
+    path = out_dir / "cvqa_paper_report.md"
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    return written + [path]
