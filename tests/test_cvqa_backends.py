@@ -255,3 +255,19 @@ def test_two_gloo_ranks_give_the_same_files_as_one_process(release, tmp_path, fa
     a, b = (json.loads((tmp_path / k / "cvqa_results.json").read_text()) for k in ("one", "two"))
     assert a["runs"] == b["runs"] and a["variants"] == b["variants"] and a["text_only"] == b["text_only"]
     assert a["timing"]["en-aware"]["questions_scored"] == b["timing"]["en-aware"]["questions_scored"] == len(ROWS)
+
+
+def test_backend_result_folders_feed_the_paper_report(release, tmp_path, fakes):
+    labels = _csv(tmp_path / "gpt4o.csv", [("ID", "Prediction")] + [(r[0], r[6]) for r in ROWS])
+    assert score(release, tmp_path / "runs" / "gpt4o", "--backend", "import", "--conditions", "en-aware",
+                 "--predictions", labels) == 0
+    assert score(release, tmp_path / "runs" / "open", "--backend", "mllm", "--model", "fake/llava", "--rule",
+                 "open", "--conditions", "en-aware") == 0
+    assert main(["cvqa", "report", str(tmp_path / "runs"), "--out", str(tmp_path / "report"), "--no-plots"]) == 0
+    report = (tmp_path / "report" / "cvqa_paper_report.md").read_text()
+    opened = json.loads((tmp_path / "runs" / "open" / "cvqa_results.json").read_text())
+    assert "| gpt4o | import | - | - | 100.00 |" in report
+    micro = f"{opened['runs']['en-aware']['micro']:.2f}"
+    assert f"| llava (open) | mllm | open | - | {micro} |" in report
+    normalised = f"{opened['variants']['length_normalised']['en-aware']['micro']:.2f}"
+    assert f"| llava (open) length_normalised | mllm | open | - | {normalised} |" in report
