@@ -263,3 +263,26 @@ def test_dtype_is_applied(root):
     assert next(b.model.parameters()).dtype == torch.bfloat16
     logits = b.choice_logits(one_image_each(1), PROMPTS[:1], LETTERS)
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+
+
+def test_revision_dtype_and_device_map_are_passed_through(root, monkeypatch):
+    from transformers import AutoModel
+    seen = {}
+
+    def fake(src, **kwargs):
+        seen.update(kwargs, src=src)
+        raise OSError("stop here\nsecond line")
+    monkeypatch.setattr(AutoModel, "from_pretrained", fake)
+    path = build("clip", root)
+    with pytest.raises(ModelLoadError, match=r"cannot load a CLIP-family dual encoder \(stop here\)$"):
+        load_backend("clip", ModelSpec(str(path), revision="0123abc", dtype="fp16", device_map="auto"))
+    assert seen == {"src": str(path), "revision": "0123abc", "dtype": torch.float16, "device_map": "auto"}
+
+
+@torch.inference_mode()
+def test_device_map_auto_gives_the_same_scores(root):
+    path = build("blip2-opt", root)
+    mapped = load_backend("mllm", ModelSpec(str(path), device_map="auto"))
+    imgs = one_image_each(2, seed=6)
+    assert torch.allclose(mapped.choice_logits(imgs, PROMPTS[:2], LETTERS),
+                          backend("blip2-opt", root).choice_logits(imgs, PROMPTS[:2], LETTERS), atol=TOL)
