@@ -12,7 +12,7 @@ Use (the builders are cached per folder, so a session-scoped fixture builds each
     spec = ModelSpec(model=str(path), extra=EXTRA.get("llava", {}))  # mclip needs its image tower in extra
     imgs = images(3)                                                  # deterministic RGB PIL images
 
-`TINY` maps a name to (backend kind, builder): "clip", "siglip", "mclip" (kind "clip"/"mclip") and "llava",
+`TINY` maps a name to (backend kind, builder): "clip", "siglip", "siglip2", "mclip" (kind "clip"/"mclip") and "llava",
 "blip2-opt", "blip2-bloom", "blip2-t5", "instructblip-t5" (kind "mllm"). `EXTRA[name]` is the `spec.extra` the
 model needs, with "{root}" standing for the folder the model was built in (use `spec_extra(name, path)`).
 Only the LLaVA tokenizer carries a chat template (LLaVA-1.5's "USER: <image>\\n... ASSISTANT:" shape);
@@ -152,6 +152,22 @@ def build_siglip(out: Path) -> Path:
     return _save(SiglipModel(cfg).eval(), proc, out)
 
 
+def build_siglip2(out: Path) -> Path:
+    """SigLIP-2 (NaFlex): patches of 16 and up to 256 of them, as the processor's defaults fix them."""
+    from transformers import Siglip2Config, Siglip2ImageProcessor, Siglip2Model, Siglip2Processor
+    tok = _fast(_unigram(["<pad>", "</s>", "<unk>"], "</s>"), eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                model_max_length=16)
+    vision = dict(_vision(), patch_size=16, num_patches=256)
+    vision.pop("image_size")
+    cfg = Siglip2Config(text_config=dict(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=16,
+                                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id),
+                        vision_config=vision)
+    torch.manual_seed(8)
+    proc = Siglip2Processor(image_processor=Siglip2ImageProcessor(), tokenizer=tok)
+    return _save(Siglip2Model(cfg).eval(), proc, out)
+
+
 def build_mclip(out: Path) -> Path:
     """M-CLIP as the `multilingual-clip` package publishes it: config.json (model_type "M-CLIP", modelBase,
     transformerDimensions, numDims), pytorch_model.bin with `transformer.*` (XLM-R) and `LinearTransformation.*`,
@@ -266,6 +282,7 @@ def build_instructblip_t5(out: Path) -> Path:
 TINY = {
     "clip": ("clip", build_clip),
     "siglip": ("clip", build_siglip),
+    "siglip2": ("clip", build_siglip2),
     "mclip": ("mclip", build_mclip),
     "llava": ("mllm", build_llava),
     "blip2-opt": ("mllm", build_blip2_opt),

@@ -222,7 +222,8 @@ def _features(out):
 def test_dual_encoder_equals_reference_and_batch(name, root):
     b = backend(name, root)
     assert isinstance(b, DualEncoder)
-    imgs, texts = images(3, seed=5), [p + c for p, cs in zip(PROMPTS, CONTS) for c in cs[:2]]
+    imgs = images(2, seed=5) + images(1, seed=6, size=(25, 60))      # mixed sizes: NaFlex patch padding
+    texts = [p + c for p, cs in zip(PROMPTS, CONTS) for c in cs[:2]]
     got_i, got_t = b.embed_images(imgs), b.embed_texts(texts)
     want_i, want_t = ref_dual(b, name, imgs, texts)
     assert torch.allclose(got_i, want_i, atol=TOL) and torch.allclose(got_t, want_t, atol=TOL)
