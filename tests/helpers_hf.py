@@ -13,7 +13,8 @@ Use (the builders are cached per folder, so a session-scoped fixture builds each
     imgs = images(3)                                                  # deterministic RGB PIL images
 
 `TINY` maps a name to (backend kind, builder): "clip", "siglip", "siglip2", "mclip" (kind "clip"/"mclip") and "llava",
-"blip2-opt", "blip2-bloom", "blip2-t5", "instructblip-t5" (kind "mllm"). `EXTRA[name]` is the `spec.extra` the
+"blip2-opt", "blip2-bloom", "blip2-t5", "instructblip-t5",
+"mblip-legacy" (mBLIP's pre-image-token layout) (kind "mllm"). `EXTRA[name]` is the `spec.extra` the
 model needs, with "{root}" standing for the folder the model was built in (use `spec_extra(name, path)`).
 Only the LLaVA tokenizer carries a chat template (LLaVA-1.5's "USER: <image>\\n... ASSISTANT:" shape);
 the BLIP-family models have none and exercise the documented fallback.
@@ -229,6 +230,7 @@ def _lm_config(kind: str, tok) -> dict:
     if kind == "bloom":
         return dict(model_type="bloom", hidden_size=HIDDEN, n_layer=2, n_head=4, bos_token_id=tok.bos_token_id,
                     **common)
+    common["vocab_size"] += 8           # padded vocabulary, as mT0 / BLOOMZ ship it
     return dict(model_type="t5", d_model=HIDDEN, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
                 decoder_start_token_id=tok.pad_token_id, relative_attention_num_buckets=8, **common)
 
@@ -275,6 +277,21 @@ def build_blip2_t5(out: Path) -> Path:
     return _build_blip(out, "t5", False, 6)
 
 
+def build_mblip_legacy(out: Path) -> Path:
+    """mBLIP's published layout (BLIP-2 + mT0): no image token in config.json, processor_config.json or tokenizer,
+    and an LM vocabulary padded beyond the tokenizer's (so the added <image> id is an unused row)."""
+    _build_blip(out, "t5", False, 9)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.pop("image_token_index", None)
+    cfg.pop("image_token_id", None)
+    (out / "config.json").write_text(json.dumps(cfg))
+    proc = json.loads((out / "processor_config.json").read_text())
+    proc.pop("num_query_tokens", None)
+    (out / "processor_config.json").write_text(json.dumps(proc))
+    _t5_tok().save_pretrained(out)          # the tokenizer as released, without <image>
+    return out
+
+
 def build_instructblip_t5(out: Path) -> Path:
     return _build_blip(out, "t5", True, 7)
 
@@ -289,6 +306,7 @@ TINY = {
     "blip2-bloom": ("mllm", build_blip2_bloom),
     "blip2-t5": ("mllm", build_blip2_t5),
     "instructblip-t5": ("mllm", build_instructblip_t5),
+    "mblip-legacy": ("mllm", build_mblip_legacy),
 }
 EXTRA = {"mclip": {"image_model": "{root}/clip-image"}}
 

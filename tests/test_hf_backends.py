@@ -287,3 +287,14 @@ def test_device_map_auto_gives_the_same_scores(root):
     imgs = one_image_each(2, seed=6)
     assert torch.allclose(mapped.choice_logits(imgs, PROMPTS[:2], LETTERS),
                           backend("blip2-opt", root).choice_logits(imgs, PROMPTS[:2], LETTERS), atol=TOL)
+
+
+@torch.inference_mode()
+def test_legacy_mblip_layout_gets_its_image(root):
+    """mBLIP ships no image token: without the fix transformers 5 would silently drop the image."""
+    b = backend("mblip-legacy", root)
+    assert b.processor.num_query_tokens == 4 and b.model.config.image_token_index == b.tokenizer.convert_tokens_to_ids("<image>")
+    enc = _single(b, images(1)[0:1], PROMPTS[0])
+    assert (enc["input_ids"][0, :4] == b.model.config.image_token_index).all()
+    a, c = b.choice_logits([images(1, seed=7), images(1, seed=8)], PROMPTS[:1] * 2, LETTERS)
+    assert not torch.allclose(a, c, atol=1e-5)
