@@ -76,7 +76,7 @@ class GenerativeBackend:
         self.encoder_decoder = bool(getattr(cfg.get_text_config(), "is_encoder_decoder", False))
         # the module that continues a sequence from a cache: the LM itself (BLIP) or the whole model without pixels
         self.lm = self.model.language_model if self.blip else self.model
-        inner = self.lm if self.blip else self.model.model.language_model
+        inner = self.lm if self.blip else getattr(getattr(self.model, "model", None), "language_model", self.model)
         self.pass_positions = not self.encoder_decoder and _accepts(inner.forward, "position_ids")
         self.keep_last = {"logits_to_keep": 1} if _accepts(self.lm.forward, "logits_to_keep") else {}
         self.max_images = 1 if self.blip else int(spec.extra.get("max_images", 1))
