@@ -44,14 +44,15 @@ CHAT = ("{% for m in messages %}USER: {% for c in m['content'] %}{% if c['type']
         "{% endfor %}{% if add_generation_prompt %} ASSISTANT:{% endif %}")
 
 
-def tokenizer(bert: bool = False):
+def tokenizer(image_attr: bool = False):
+    """Word-level stand-in; `image_attr`: the tokenizer names its image token (LLaVA; BLIP processors add it)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     vocab = {w: i for i, w in enumerate(dict.fromkeys(SPECIALS + WORDS))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", **({} if bert else {"extra_special_tokens": {"image_token": "<image>"}}))
+                                   eos_token="</s>", **({"extra_special_tokens": {"image_token": "<image>"}} if image_attr else {}))
 
 
 def workload(n: int, seed: int = 0):
@@ -126,7 +127,7 @@ def generative(name: str, device, dtype, scale):
                               InstructBlipProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor)
     from volta_ml.hf.mllm import GenerativeBackend
     reduced = scale == "reduced"
-    tok = tokenizer()
+    tok = tokenizer(image_attr=name.startswith("llava"))
     if name == "llava-1.5-7b":
         vision = dict(model_type="clip_vision_model", hidden_size=1024, intermediate_size=4096, num_attention_heads=16,
                       num_hidden_layers=2 if reduced else 24, image_size=336, patch_size=14, projection_dim=768)
@@ -141,7 +142,7 @@ def generative(name: str, device, dtype, scale):
         instruct = name.startswith("instructblip")
         lm = {"instructblip-flan-t5-xl": "t5", "mblip-mt0-xl": "mt5", "mblip-bloomz-7b": "bloom"}[name]
         ip = BlipImageProcessor(size={"height": 224, "width": 224})
-        proc = InstructBlipProcessor(image_processor=ip, tokenizer=tok, qformer_tokenizer=tokenizer(bert=True),
+        proc = InstructBlipProcessor(image_processor=ip, tokenizer=tok, qformer_tokenizer=tokenizer(),
                                      num_query_tokens=32) if instruct else \
             Blip2Processor(image_processor=ip, tokenizer=tok, num_query_tokens=32)
         vision = dict(hidden_size=1408, intermediate_size=6144, num_attention_heads=16,
@@ -228,18 +229,25 @@ def main(argv=None) -> int:
     scale = args.scale or ("full" if cuda else "reduced")
     if args.threads:
         torch.set_num_threads(args.threads)
-    data = workload(args.batch)
+    data, failed = workload(args.batch), 0
     print(f"device={args.device} dtype={dtype} generative scale={scale} batch={args.batch} threads={torch.get_num_threads()}")
     for name in args.models:
         torch.manual_seed(0)
-        with torch.inference_mode():
-            if name in DUAL:
-                row = bench_dual(dual(name, args.device, dtype, scale), data, args.batch, args.repeats, args.device)
-            else:
-                row = bench_generative(generative(name, args.device, dtype, scale), data, args.batch, args.repeats,
-                                       args.device)
+        try:
+            with torch.inference_mode():
+                if name in DUAL:
+                    row = bench_dual(dual(name, args.device, dtype, scale), data, args.batch, args.repeats, args.device)
+                else:
+                    row = bench_generative(generative(name, args.device, dtype, scale), data, args.batch,
+                                           args.repeats, args.device)
+        except (RuntimeError, ValueError, MemoryError) as e:     # e.g. out of memory: report, go on with the rest
+            failed += 1
+            print(f"{name:24s} FAILED: {str(e).splitlines()[0]}", flush=True)
+            continue
         print(f"{name:24s} " + "  ".join(f"{k}={v:.3g}" for k, v in row.items()), flush=True)
-    return 0
+        if torch.device(args.device).type == "cuda":
+            torch.cuda.empty_cache()
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
