@@ -5,19 +5,19 @@ small stand-in tokenizer TRAINED here with `tokenizers` (the algorithm each fami
 CLIP/OPT/BLOOM/Llama-like, Unigram for SigLIP/T5/XLM-R, WordPiece for the Q-Former's BERT) and the family's own
 processor, all written with `save_pretrained`, so the backends load them exactly like a hub checkpoint.
 
-Use (the builders are cached per folder, so a session-scoped fixture builds each model once, in ~1 s):
+Use (a builder runs once per folder, ~1 s per model; share the folder through a module/session fixture):
 
-    from tests.helpers_hf import TINY, build, images
-    path = build("llava", tmp_path_factory.mktemp("hf"))          # -> folder for ModelSpec(model=str(path))
-    spec = ModelSpec(model=str(path), extra=EXTRA.get("llava", {}))  # mclip needs its image tower in extra
-    imgs = images(3)                                                  # deterministic RGB PIL images
+    from tests.helpers_hf import TINY, build, images, spec_extra
+    from volta_ml.hf import ModelSpec, load_backend
+    path = build("llava", tmp_path_factory.mktemp("hf"))                 # a local model folder
+    backend = load_backend(TINY["llava"][0], ModelSpec(str(path), extra=spec_extra("llava", path)))
+    imgs = images(3)                                                       # deterministic RGB PIL images
 
-`TINY` maps a name to (backend kind, builder): "clip", "siglip", "siglip2", "mclip" (kind "clip"/"mclip") and "llava",
-"blip2-opt", "blip2-bloom", "blip2-t5", "instructblip-t5",
-"mblip-legacy" (mBLIP's pre-image-token layout) (kind "mllm"). `EXTRA[name]` is the `spec.extra` the
-model needs, with "{root}" standing for the folder the model was built in (use `spec_extra(name, path)`).
-Only the LLaVA tokenizer carries a chat template (LLaVA-1.5's "USER: <image>\\n... ASSISTANT:" shape);
-the BLIP-family models have none and exercise the documented fallback.
+`TINY` maps a name to (backend kind, builder): "clip", "siglip", "siglip2" (kind "clip"), "mclip" (kind "mclip";
+its image tower lives in a sub-folder that `spec_extra` names) and "llava", "blip2-opt", "blip2-bloom",
+"blip2-t5", "instructblip-t5", "mblip-legacy" (mBLIP's published layout without an image token) (kind "mllm").
+Only the LLaVA tokenizer carries a chat template (LLaVA-1.5's "USER: <image>\\n... ASSISTANT:" shape); the
+BLIP-family models have none and exercise the documented fallback. Letters A-D are single tokens everywhere.
 """
 from __future__ import annotations
 
