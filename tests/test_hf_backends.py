@@ -135,6 +135,8 @@ def test_generate_batch_equals_one_at_a_time(name, root):
     batch = b.generate(imgs, PROMPTS, max_new_tokens=4)
     assert batch == [b.generate([im], [p], max_new_tokens=4)[0] for im, p in zip(imgs, PROMPTS)]
     assert all(isinstance(t, str) for t in batch)
+    assert not any(p.split()[0] in t for p, t in zip(PROMPTS, batch))       # the prompt is stripped
+    assert not any("USER" in t for t in batch)
 
 
 @pytest.mark.parametrize("name", ["llava", "blip2-opt"])
