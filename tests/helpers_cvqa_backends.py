@@ -2,7 +2,7 @@
 
 Each output depends only on its own example (image pixels, text), like a real model without batch effects, so
 a test can compute the reference one example at a time. `install(monkeypatch)` makes `volta_ml.hf.load_backend`
-return them; `python tests/cvqa_fake_backends.py <volta-ml args>` runs the CLI with them (for torchrun tests).
+return them; `python tests/helpers_cvqa_backends.py <volta-ml args>` runs the CLI with them (for torchrun tests).
 """
 from __future__ import annotations
 
