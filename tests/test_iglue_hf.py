@@ -250,3 +250,65 @@ def test_cli_usage_errors_exit_2(world, tmp_path, capsys):
                  "--output_dir", str(tmp_path / "out")])
     assert code == 2
     assert "volta-ml iglue-hf: error: 8 of the images" in capsys.readouterr().err
+
+
+def test_sweep_cells_for_hf_models_and_report(world, tmp_path):
+    """A grid with `hf:` models: volta-ml iglue-hf cells per task x language x protocol, recorded by the sweep's
+    own record step from the zoo's log lines, and tabulated beside each other."""
+    import yaml
+
+    from volta_ml.protocols.grid import load_grid
+    from volta_ml.protocols.runners import plan_cells
+
+    grid = {"name": "hf", "data_root": str(world["root"]), "output_dir": str(tmp_path / "runs"),
+            "tasks": ["xvnli", "xflickrco", "marvl"], "protocols": ["zero_shot", "translate_test"],
+            "languages": {"xvnli": ["ar"], "xflickrco": ["de"], "marvl": ["id"]},
+            "images": {t: str(world["images"] / t) for t in ("xvnli", "xflickrco", "marvl")},
+            "models": {"mllm-letter": {"hf": {"backend": "mllm", "model": "/m/llava", "rules": {"xvnli": "letter"},
+                                              "batch_size": 4}},
+                       "clip": {"hf": {"backend": "clip", "model": "/m/clip"}}},
+            "commands": {"iglue_hf": [sys.executable, str(REPO / "tests" / "iglue_hf_fake_cli.py")]}}
+    path = tmp_path / "grid.yml"
+    path.write_text(yaml.safe_dump(grid))
+    cells = {c.id: c for c in plan_cells(load_grid(path))}
+    # xvnli en+ar zero-shot, ar translate-test; marvl id (no English file) x2; flickr en+de, de mt; per model
+    assert sorted(i for i in cells if i.startswith("zero_shot/clip")) == [
+        "zero_shot/clip/marvl/id", "zero_shot/clip/xflickrco/de", "zero_shot/clip/xflickrco/en",
+        "zero_shot/clip/xvnli/ar", "zero_shot/clip/xvnli/en"]
+    argv = cells["translate_test/mllm-letter/xvnli/ar"].commands[0].argv
+    assert argv[2:4] == ["--task", "xvnli"] and "--rule" in argv and "translate-test" in argv
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    proc = subprocess.run([sys.executable, "-m", "volta_ml.protocols.cli", "sweep", str(path), "--local",
+                           "--only", "zero_shot/mllm-letter/xvnli", "--only", "translate_test/mllm-letter/xvnli",
+                           "--only", "zero_shot/clip/xflickrco/de", "--only", "zero_shot/mllm-letter/marvl"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads((tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/result.json").read_text())
+    mine = json.loads((tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/eval/iglue_hf_results.json").read_text())
+    assert record["metrics"]["score"] == pytest.approx(mine["metrics"]["score"], abs=1e-3)
+    assert not (tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/eval/result.json").exists()
+    proc = subprocess.run([sys.executable, "-m", "volta_ml.protocols.cli", "report", str(tmp_path / "runs"),
+                           "--no_plots"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = tmp_path / "runs" / "report"
+    assert (report / "XVNLI_0.csv").read_text().splitlines()[1].startswith("mllm-letter,")
+    assert (report / "XVNLI_0.mt.csv").read_text().splitlines()[1].startswith("mllm-letter,")
+    assert (report / "MaRVL_0.csv").read_text().splitlines()[0] == "model,id,avg"
+    assert (report / "xFlickrCO_tr_0.csv").read_text().splitlines()[1].startswith("clip,")
+
+
+def test_grid_rejects_hf_models_in_training_protocols(world, tmp_path):
+    import yaml
+
+    from volta_ml.protocols.grid import GridError, load_grid
+    from volta_ml.protocols.runners import plan_cells
+
+    base = {"data_root": str(world["root"]), "tasks": ["xvnli"], "images": {"xvnli": "/img"}}
+    path = tmp_path / "g.yml"
+    path.write_text(yaml.safe_dump(dict(base, protocols=["few_shot"], models={"m": {"hf": {"backend": "mllm",
+                                                                                          "model": "x"}}})))
+    with pytest.raises(SystemExit, match="Hugging Face models run zero_shot and translate_test only"):
+        plan_cells(load_grid(path))
+    path.write_text(yaml.safe_dump(dict(base, models={"m": {"hf": {"backend": "mllm", "model": "x", "dtyp": 1}}})))
+    with pytest.raises(GridError, match=r"models.m.hf: unknown key\(s\) \['dtyp'\]"):
+        load_grid(path)

@@ -69,6 +69,8 @@ class Planner:
     # --- checkpoints ---------------------------------------------------------------------
     def english_checkpoint(self, model: ModelSpec, task: str, seed: int) -> tuple[str, list[str], bool]:
         """(checkpoint path, cell ids it depends on, whether it varies with the seed)."""
+        if model.hf:
+            return model.hf["model"], [], False       # a Hugging Face model is evaluated as it is
         if task in model.finetuned:
             spec = self.spec(task)
             cfg = Path(model.config).stem
@@ -114,6 +116,11 @@ class Planner:
         else:
             ann, split = self.data(spec.test_file, **fmt), spec.test_split.format(**fmt)
             feats = self.data(spec.test_features, **fmt)
+        if model.hf:
+            commands = [Command(self.hf_argv(model, task, lang, mt, d), out, err), self.record(d)]
+            return self.add(Cell(id=cell_id, stage=stage, protocol=protocol, model=model.name, task=task, lang=lang,
+                                 seed=seed, scorer=spec.scorer, commands=commands, depends_on=deps,
+                                 logs=[out, err], extra=dict(extra or {}, checkpoint=None, hf=model.hf)))
         kind = "eval_retrieval" if spec.scorer == "retrieval" else "eval"
         argv = (self.grid.commands[kind] + self.model_flags(model) + ["--from_pretrained", checkpoint] +
                 ["--tasks_config_file", self.grid.task_configs_file("test", model), "--task", spec.task_id])
@@ -138,10 +145,30 @@ class Planner:
                              seed=seed, scorer=spec.scorer, commands=commands, depends_on=deps,
                              logs=[out, err], extra=dict(extra or {}, checkpoint=checkpoint)))
 
+    def hf_argv(self, model: ModelSpec, task: str, lang: str, mt: bool, d: Path) -> list[str]:
+        """`volta-ml iglue-hf` for a Hugging Face model; it prints the zoo's score lines, so `record` reads them."""
+        hf = model.hf
+        if task not in self.grid.images:
+            raise SystemExit(f"{self.grid.path}: images.{task}: the image root is needed for Hugging Face models")
+        argv = self.grid.commands["iglue_hf"] + [
+            "--task", task, "--backend", hf["backend"], "--model", hf["model"], "--lang", lang,
+            "--protocol", "translate-test" if mt else "zero-shot", "--data_root", str(self.grid.data_root),
+            "--images", self.grid.images[task], "--name", model.name, "--output_dir", str(d / "eval"),
+            "--no_result_json", "--no_progress"]
+        for key in ("revision", "dtype", "device", "device_map", "batch_size"):
+            if hf.get(key) is not None:
+                argv += [f"--{key}", str(hf[key])]
+        if task in hf["rules"]:
+            argv += ["--rule", str(hf["rules"][task])]
+        if task in self.grid.image_templates:
+            argv += ["--image_template", self.grid.image_templates[task]]
+        return argv + list(hf["flags"]) + self.grid.extra_flags.get("iglue_hf", [])
+
     def transfer_cells(self, model: ModelSpec, task: str, mt: bool) -> None:
         stage = "translate_test" if mt else "zero_shot"
         langs = list(self.grid.languages[task])
-        if self.grid.include_english:
+        # (IGLUE's English MaRVL row is NLVR2 through the zoo's features; there is no such file for HF models)
+        if self.grid.include_english and not (model.hf and self.spec(task).english_test is not None):
             langs = ["en"] + [l for l in langs if l != "en"]
         for seed in self.grid.seeds:
             checkpoint, deps, per_seed = self.english_checkpoint(model, task, seed)
@@ -157,6 +184,9 @@ class Planner:
     # --- few-shot ------------------------------------------------------------------------
     def few_shot_cells(self, model: ModelSpec, task: str) -> None:
         spec = self.spec(task)
+        if model.hf:
+            raise SystemExit(f"{self.grid.path}: models.{model.name}: Hugging Face models run zero_shot and "
+                             "translate_test only")
         if not spec.few_shot_train_file:
             raise SystemExit(f"{self.grid.path}: task '{task}' has no few-shot protocol in IGLUE")
         for seed in self.grid.seeds:
@@ -209,6 +239,9 @@ class Planner:
     # --- translate-train -----------------------------------------------------------------
     def translate_train_cells(self, model: ModelSpec, task: str) -> None:
         spec = self.spec(task)
+        if model.hf:
+            raise SystemExit(f"{self.grid.path}: models.{model.name}: Hugging Face models run zero_shot and "
+                             "translate_test only")
         if not spec.translate_train_file:
             raise SystemExit(f"{self.grid.path}: task '{task}' has no translate-train data in IGLUE")
         if not model.pretrained:
