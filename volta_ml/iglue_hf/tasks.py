@@ -18,11 +18,10 @@ from volta_ml.tasks.retrieval_metrics import top_images
 
 from .chunks import map_chunks
 from .images import side_by_side
+from .kinds import NEEDS
 from .prompts import user_turn
 from .scoring import accuracy, get_rule
 
-NEEDS = {"xflickrco": "dual encoder", "wit": "dual encoder", "xvnli": "generative", "xgqa": "generative",
-         "marvl": "generative"}
 KIND_OF = (("dual encoder", DualEncoder), ("generative", Generative))
 
 

@@ -271,8 +271,11 @@ class Planner:
 
     # --- all -----------------------------------------------------------------------------
     def plan(self) -> list[Cell]:
+        from volta_ml.iglue_hf.kinds import tasks_for_backend
+
         for model in self.grid.models.values():
-            for task in self.grid.tasks:
+            # a Hugging Face model gets the grid's tasks its backend kind can do (retrieval for dual encoders)
+            for task in tasks_for_backend(model.hf["backend"], self.grid.tasks) if model.hf else self.grid.tasks:
                 if "zero_shot" in self.grid.protocols:
                     self.transfer_cells(model, task, mt=False)
                 if "translate_test" in self.grid.protocols:
