@@ -87,7 +87,7 @@ class FakeGenerative:
 
     def __init__(self, max_images: int = 1, answers=("yes", "no", "The red car.", "left")):
         self.spec, self.max_images, self.answers = ModelSpec("fake-mllm"), max_images, list(answers)
-        self.has_chat_template, self.calls = True, 0
+        self.prompt_format, self.calls = "chat_template", 0
 
     def render(self, prompt, num_images):
         return "USER: " + "<image>" * num_images + "\n" + prompt + " ASSISTANT:"
@@ -119,7 +119,7 @@ class FailingAfter:
     def __init__(self, backend, n: int):
         self.backend, self.left = backend, n
         self.spec = backend.spec
-        for name in ("max_images", "has_chat_template"):
+        for name in ("max_images", "prompt_format"):
             if hasattr(backend, name):
                 setattr(self, name, getattr(backend, name))
 

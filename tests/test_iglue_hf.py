@@ -59,11 +59,13 @@ def reference_accuracy(backend, task, rule, examples, source, layout=None, vocab
         if rule == "letter":
             pred = OPTIONS[task][int(backend.choice_logits([images], [prompt], letter_choices(task)).argmax())]
         elif rule == "likelihood":
-            pred = OPTIONS[task][int(backend.continuation_logprobs([images], [prompt], [list(OPTIONS[task])])[0].argmax())]
+            words = [" " + w for w in OPTIONS[task]]
+            pred = OPTIONS[task][int(backend.continuation_logprobs([images], [prompt], [words])[0].argmax())]
         elif rule == "generate":
             pred = normalise_answer(backend.generate([images], [prompt], 10)[0])
         else:
-            pred = vocabulary[int(backend.continuation_logprobs([images], [prompt], [vocabulary])[0].argmax())]
+            words = [" " + w for w in vocabulary]
+            pred = vocabulary[int(backend.continuation_logprobs([images], [prompt], [words])[0].argmax())]
         correct += pred == e.label
     return 100.0 * correct / len(examples)
 

@@ -17,6 +17,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--device_map", default=None, help="'auto': accelerate spreads a large model")
+    parser.add_argument("--extra", type=_json_object, default=None, metavar="JSON",
+                        help='backend options (ModelSpec.extra), e.g. \'{"max_images": 2}\' for a multi-image '
+                             'LLaVA-like model or \'{"image_model": "..."}\' for M-CLIP')
     parser.add_argument("--rule", default=None,
                         help="xvnli/marvl: letter (default) | likelihood; xgqa: generate (default) | closed")
     parser.add_argument("--lang", required=True)
@@ -42,6 +45,17 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no_progress", dest="progress", action="store_false")
     parser.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=-1,
                         help=argparse.SUPPRESS)
+
+
+def _json_object(text: str) -> dict:
+    import json
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
 
 
 def run_command(args) -> int:

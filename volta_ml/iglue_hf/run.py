@@ -37,7 +37,8 @@ PROTOCOLS = {"zero-shot": "zero_shot", "translate-test": "translate_test"}
 DEFAULTS = {"rule": None, "annotations": None, "data_root": None, "image_template": None, "batch_size": 8,
             "chunk_size": 64, "max_new_tokens": 10, "marvl_layout": "auto", "name": None, "revision": None,
             "dtype": "fp32", "device": "cpu", "device_map": None, "work_dir": None, "no_resume": False,
-            "keep_chunks": False, "record": True, "progress": True, "vocabulary": None, "local_rank": -1}
+            "keep_chunks": False, "record": True, "progress": True, "vocabulary": None, "local_rank": -1,
+            "extra": None}
 REQUIRED = ("task", "backend", "model", "lang", "protocol", "images", "output_dir")
 
 
@@ -59,7 +60,8 @@ def load_backend(kind: str, model: str, options: dict):
     from volta_ml.hf.base import ModelSpec
 
     return load(kind, ModelSpec(model=model, revision=options["revision"], dtype=options["dtype"],
-                                device=options["device"], device_map=options["device_map"]))
+                                device=options["device"], device_map=options["device_map"],
+                                extra=dict(options["extra"] or {})))
 
 
 def run_iglue_hf(options: dict, backend=None) -> dict | None:
@@ -92,7 +94,8 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
     fingerprint = {"format": 1, "task": task, "rule": rule, "annotations": file_digest(annotation),
                    "images": os.path.abspath(opts["images"]), "template": source.template,
                    "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
-                   "backend": opts["backend"], "prompts": PROMPTS_VERSION, "batch_size": opts["batch_size"]}
+                   "backend": opts["backend"], "prompts": PROMPTS_VERSION, "batch_size": opts["batch_size"],
+                   "extra": opts["extra"] or {}}
     info = init_distributed(opts["local_rank"], None if opts["device_map"] else opts["device"])
     try:
         if info.is_main:
@@ -115,7 +118,8 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         results = {
             "task": task, "title": TASKS[task].title, "lang": lang, "protocol": PROTOCOLS[protocol],
             "model": opts["name"] or _model_name(opts["model"]), "backend": opts["backend"],
-            "spec": {"model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"]},
+            "spec": {"model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
+                     "extra": opts["extra"] or {}},
             "rule": rule, "prompts_version": PROMPTS_VERSION, "annotations": annotation,
             "image_root": str(opts["images"]), "image_template": source.template, "split": split,
             "world_size": info.world_size, "seconds": round(seconds, 3), **result,

@@ -41,9 +41,16 @@ def _letter_score(task):
     return score
 
 
+def answer_continuations(words) -> list[str]:
+    """The answer words as continuations of the rendered prompt: with the leading space a reply starts with
+    (the backend tokenises continuations alone; SentencePiece models read the space as the word boundary)."""
+    return [" " + w for w in words]
+
+
 def _likelihood_score(task):
     def score(backend, images, prompts, context):
-        sums, counts = backend.continuation_logprobs(images, prompts, [list(OPTIONS[task])] * len(prompts))
+        continuations = answer_continuations(OPTIONS[task])
+        sums, counts = backend.continuation_logprobs(images, prompts, [continuations] * len(prompts))
         return {"scores": sums.float().numpy(), "tokens": counts.numpy().astype(np.int64)}
     return score
 
@@ -64,7 +71,7 @@ def _generate_predict(arrays, context):
 
 
 def _closed_score(backend, images, prompts, context):
-    vocabulary = context["vocabulary"]
+    vocabulary = answer_continuations(context["vocabulary"])
     sums, _ = backend.continuation_logprobs(images, prompts, [vocabulary] * len(prompts))
     sums = sums.float().numpy()
     best = np.argmax(sums, axis=1)
@@ -81,7 +88,7 @@ def _choice_rules(task: str) -> dict[str, Rule]:
         "letter": Rule("letter", _letter_score(task), _argmax_options(task),
                        f"next-token logits of the option letters {', '.join(letter_choices(task))} ({labels})"),
         "likelihood": Rule("likelihood", _likelihood_score(task), _argmax_options(task),
-                           f"sum of log-probabilities of the label words ({labels})"),
+                           f"sum of log-probabilities of the label words ({labels}) after a space"),
     }
 
 

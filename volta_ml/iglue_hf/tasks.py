@@ -96,7 +96,7 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
     return {"metrics": {"score": score}, "n_examples": len(examples), "rule_description": rule.describe,
             "marvl_layout": layout, "first_prompt": prompts[0],
             "first_prompt_rendered": backend.render(prompts[0], n_images),
-            "chat_template": getattr(backend, "has_chat_template", None)}
+            "prompt_format": getattr(backend, "prompt_format", None)}
 
 
 # --- dual encoders: xFlickr&CO, WIT ----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ TOP_KEYS = {"name", "data_root", "output_dir", "task_configs", "checkpoint_root"
             "images", "image_templates"}
 MODEL_KEYS = {"config", "bert_model", "do_lower_case", "is_m3p", "features", "finetuned", "pretrained", "hf"}
 # a Hugging Face model (`hf:` instead of config/checkpoints): evaluated by `volta-ml iglue-hf`, see docs/hf_models.md
-HF_KEYS = {"backend", "model", "revision", "dtype", "device", "device_map", "rules", "batch_size", "flags"}
+HF_KEYS = {"backend", "model", "revision", "dtype", "device", "device_map", "rules", "batch_size", "flags", "extra"}
 EXTRA_FLAG_KINDS = set(COMMAND_KINDS) | {"finetune", "few_shot_train", "translate_train"}
 
 

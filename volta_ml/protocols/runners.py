@@ -14,6 +14,7 @@ be overridden (argparse keeps the last value of a repeated flag).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .cell import Cell, Command
@@ -158,6 +159,8 @@ class Planner:
         for key in ("revision", "dtype", "device", "device_map", "batch_size"):
             if hf.get(key) is not None:
                 argv += [f"--{key}", str(hf[key])]
+        if hf.get("extra"):
+            argv += ["--extra", json.dumps(hf["extra"], sort_keys=True)]
         if task in hf["rules"]:
             argv += ["--rule", str(hf["rules"][task])]
         if task in self.grid.image_templates:
