@@ -32,10 +32,11 @@ def _seed(*parts) -> int:
     return zlib.crc32("|".join(map(str, parts)).encode())
 
 
-def build_data_root(shared: Path, root: Path) -> Path:
-    """The first rows of each real file, at the same relative path under `root`."""
+def build_data_root(shared: Path, root: Path, cap: int | None = None) -> Path:
+    """The first rows (at most `cap`) of each real file, at the same relative path under `root`."""
     for files in SUBSETS.values():
         for rel, rows in files:
+            rows = min(rows, cap or rows)
             src, dst = shared / rel, root / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             if rel.endswith(".json"):

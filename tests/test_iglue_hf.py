@@ -48,7 +48,7 @@ def options(world, task, lang, out, protocol="zero-shot", **extra):
     return opts
 
 
-def reference_accuracy(backend, task, rule, examples, source, layout=None, vocabulary=None):
+def reference_accuracy(backend, task, rule, examples, source, layout=None, vocabulary=None, max_new_tokens=10):
     """One example at a time, straight from the backend."""
     correct = 0
     for e in examples:
@@ -62,7 +62,7 @@ def reference_accuracy(backend, task, rule, examples, source, layout=None, vocab
             words = [" " + w for w in OPTIONS[task]]
             pred = OPTIONS[task][int(backend.continuation_logprobs([images], [prompt], [words])[0].argmax())]
         elif rule == "generate":
-            pred = normalise_answer(backend.generate([images], [prompt], 10)[0])
+            pred = normalise_answer(backend.generate([images], [prompt], max_new_tokens)[0])
         else:
             words = [" " + w for w in vocabulary]
             pred = vocabulary[int(backend.continuation_logprobs([images], [prompt], [words])[0].argmax())]
