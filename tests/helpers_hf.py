@@ -161,7 +161,7 @@ def build_mclip(out: Path) -> Path:
     tok = _fast(_unigram(["<s>", "<pad>", "</s>", "<unk>"], "</s>", bos="<s>"), bos_token="<s>", eos_token="</s>",
                 pad_token="<pad>", unk_token="<unk>")
     xcfg = XLMRobertaConfig(vocab_size=len(tok), hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-                            intermediate_size=64, max_position_embeddings=40, pad_token_id=tok.pad_token_id,
+                            intermediate_size=64, max_position_embeddings=130, pad_token_id=tok.pad_token_id,
                             type_vocab_size=1)
     xcfg.save_pretrained(out / "xlmr-base")
     torch.manual_seed(2)

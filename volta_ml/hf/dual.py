@@ -47,14 +47,15 @@ class ClipBackend(_Embedder):
     """Any `AutoModel` with `get_image_features` / `get_text_features` (CLIPModel, SiglipModel, Siglip2Model).
     SigLIP models were trained on texts padded to a fixed length, so their texts are padded to max_length."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, model=None, processor=None):
+        """Loads `spec`; or wraps an already built `model` + `processor` (benchmarks with random weights)."""
         from transformers import AutoModel, AutoProcessor
         self.spec = spec
-        self.model = load_model(AutoModel, spec, "a CLIP-family dual encoder")
+        self.model = model if model is not None else load_model(AutoModel, spec, "a CLIP-family dual encoder")
         if not (hasattr(self.model, "get_image_features") and hasattr(self.model, "get_text_features")):
             raise ModelLoadError(f"{spec.model}: {type(self.model).__name__} is not a dual encoder "
                                  "(no get_image_features/get_text_features); use the mllm backend for generative models")
-        self.processor = load_processor(AutoProcessor, spec)
+        self.processor = processor if processor is not None else load_processor(AutoProcessor, spec)
         text_cfg = getattr(self.model.config, "text_config", self.model.config)
         self.max_length = int(text_cfg.max_position_embeddings)
         self.padding = "max_length" if self.model.config.model_type.startswith("siglip") else True
@@ -97,9 +98,20 @@ class MClipBackend(_Embedder):
     `spec.extra["image_model"]` (a CLIPModel; default `openai/clip-vit-base-patch32`, the
     tower of M-CLIP/XLM-Roberta-Large-Vit-B-32; `spec.extra["image_revision"]` pins it)."""
 
-    def __init__(self, spec: ModelSpec):
-        from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer, XLMRobertaModel
+    def __init__(self, spec: ModelSpec, parts: dict | None = None):
+        """Loads `spec`; or wraps already built `parts` (text, linear, tokenizer, vision, image_processor)."""
         self.spec = spec
+        parts = parts if parts is not None else self._load(spec)
+        self.text, self.linear, self.tokenizer = parts["text"], parts["linear"], parts["tokenizer"]
+        self.vision, self.image_processor = parts["vision"], parts["image_processor"]
+        self.max_length = min(int(self.text.config.max_position_embeddings) - 2, 512)
+        if getattr(self.vision.config, "projection_dim", None) != self.linear.out_features:
+            raise ModelLoadError(f"{spec.model}: text embeddings have {self.linear.out_features} dims but the image "
+                                 f"tower projects to {getattr(self.vision.config, 'projection_dim', None)}")
+
+    @staticmethod
+    def _load(spec: ModelSpec) -> dict:
+        from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer, XLMRobertaModel
         cfg = read_config(spec)
         if cfg.get("model_type") != "M-CLIP":
             raise ModelLoadError(f"{spec.model}: config.json model_type is {cfg.get('model_type')!r}, not 'M-CLIP'")
@@ -117,17 +129,12 @@ class MClipBackend(_Embedder):
             if missing:
                 raise ModelLoadError(f"{spec.model}: weights lack {prefix}{missing[0]} ({len(missing)} missing)")
         dt = torch_dtype(spec)
-        self.text = text.to(spec.device, dt).eval()
-        self.linear = linear.to(spec.device, dt).eval()
-        self.tokenizer = load_processor(AutoTokenizer, spec)
-        self.max_length = min(int(xcfg.max_position_embeddings) - 2, 512)
         image_spec = ModelSpec(spec.extra.get("image_model", "openai/clip-vit-base-patch32"),
                                spec.extra.get("image_revision"), spec.dtype, spec.device, spec.device_map)
-        self.vision = load_model(AutoModel, image_spec, "M-CLIP's CLIP image tower")
-        self.image_processor = load_processor(AutoImageProcessor, image_spec)
-        if getattr(self.vision.config, "projection_dim", None) != self.linear.out_features:
-            raise ModelLoadError(f"{spec.model}: text embeddings have {self.linear.out_features} dims but the image "
-                                 f"tower {image_spec.model} projects to {getattr(self.vision.config, 'projection_dim', None)}")
+        return {"text": text.to(spec.device, dt).eval(), "linear": linear.to(spec.device, dt).eval(),
+                "tokenizer": load_processor(AutoTokenizer, spec),
+                "vision": load_model(AutoModel, image_spec, "M-CLIP's CLIP image tower"),
+                "image_processor": load_processor(AutoImageProcessor, image_spec)}
 
     def embed_images(self, images: Sequence[Image.Image | None]) -> torch.Tensor:
         def encode(chunk):

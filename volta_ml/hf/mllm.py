@@ -61,11 +61,13 @@ def _accepts(fn, name: str) -> bool:
 
 
 class GenerativeBackend:
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, model=None, processor=None):
+        """Loads `spec`; or wraps an already built `model` + `processor` (benchmarks with random weights)."""
         from transformers import AutoModelForImageTextToText, AutoProcessor
         self.spec = spec
-        self.model = load_model(AutoModelForImageTextToText, spec, "a generative image-text model")
-        self.processor = load_processor(AutoProcessor, spec)
+        self.model = model if model is not None else \
+            load_model(AutoModelForImageTextToText, spec, "a generative image-text model")
+        self.processor = processor if processor is not None else load_processor(AutoProcessor, spec)
         self.tokenizer = self.processor.tokenizer
         self.blip = type(self.model).__name__ in QUERY_PREPENDED
         cfg = self.model.config
@@ -248,9 +250,9 @@ class GenerativeBackend:
             joined = [dict(it, input_ids=torch.cat([it["input_ids"], c]),
                            attention_mask=torch.cat([it["attention_mask"], torch.ones_like(c)])) for it, c in zip(items, conts)]
             full = self._collate(joined)
-            logits = self._forward(full).logits
             width = ids.shape[1]   # left padding: every sequence ends at the last column
-            pred = logits[:, -width - 1:-1]
+            keep = {"logits_to_keep": width + 1} if self.keep_last else {}
+            pred = self._forward(full, **keep).logits[:, -width - 1:-1]
             shifted = _pad([c for c in conts], self.pad_id, left=True).to(self.device)
             smask = _pad([torch.ones_like(c) for c in conts], 0, left=True).to(self.device)
             sums[:, j] = self._gather(pred, shifted, smask)
