@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from .hf_cells import load_hf, task_map
 from .iglue import FEW_SHOT_EPOCHS, FEW_SHOT_LRS, TASKS
 
 PROTOCOLS = ("zero_shot", "translate_test", "few_shot", "translate_train")
@@ -18,10 +19,8 @@ COMMAND_KINDS = ("train", "eval", "eval_retrieval", "gqa_score", "iglue_hf")
 TOP_KEYS = {"name", "data_root", "output_dir", "task_configs", "checkpoint_root", "models", "tasks", "protocols",
             "languages", "few_shot_languages", "shots", "learning_rates", "seeds", "include_english",
             "num_epoch", "commands", "extra_flags", "paths", "env", "pass_data_root", "slurm", "python",
-            "images", "image_templates"}
+            "images", "image_templates"}   # images*: Hugging Face models (hf_cells.py)
 MODEL_KEYS = {"config", "bert_model", "do_lower_case", "is_m3p", "features", "finetuned", "pretrained", "hf"}
-# a Hugging Face model (`hf:` instead of config/checkpoints): evaluated by `volta-ml iglue-hf`, see docs/hf_models.md
-HF_KEYS = {"backend", "model", "revision", "dtype", "device", "device_map", "rules", "batch_size", "flags", "extra"}
 EXTRA_FLAG_KINDS = set(COMMAND_KINDS) | {"finetune", "few_shot_train", "translate_train"}
 
 
@@ -39,7 +38,7 @@ class ModelSpec:
     features: str = "boxes36"
     finetuned: dict[str, str] = field(default_factory=dict)   # task -> English fine-tuned checkpoint
     pretrained: str | None = None                              # fine-tune on English first when no `finetuned`
-    hf: dict | None = None                                     # a Hugging Face model (HF_KEYS); no checkpoints
+    hf: dict | None = None                                     # a Hugging Face model (hf_cells.py); no checkpoints
 
 
 @dataclass
@@ -202,33 +201,9 @@ def load_grid(path: str | Path) -> Grid:
         env={str(k): str(v) for k, v in (raw.get("env") or {}).items()},
         pass_data_root=bool(raw.get("pass_data_root", True)),
         slurm=raw.get("slurm") or {}, python=python,
-        images={t: str(_resolve(base, v)) for t, v in _task_map(raw.get("images"), where("images")).items()},
-        image_templates=_task_map(raw.get("image_templates"), where("image_templates")),
+        images={t: str(_resolve(base, v)) for t, v in task_map(raw.get("images"), where("images"), GridError).items()},
+        image_templates=task_map(raw.get("image_templates"), where("image_templates"), GridError),
     )
-
-
-def _task_map(raw, where: str) -> dict[str, str]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict) or any(t not in TASKS for t in raw):
-        raise GridError(f"{where}: expected a mapping task -> path (tasks: {sorted(TASKS)})")
-    return {t: str(v) for t, v in raw.items()}
-
-
-def _hf_model(name: str, spec: dict, where: str) -> ModelSpec:
-    hf = spec["hf"]
-    if not isinstance(hf, dict) or not {"backend", "model"} <= set(hf):
-        raise GridError(f"{where}.hf: expected a mapping with at least 'backend' (clip, mclip, mllm) and 'model'")
-    unknown = set(hf) - HF_KEYS
-    if unknown:
-        raise GridError(f"{where}.hf: unknown key(s) {sorted(unknown)}; valid keys: {sorted(HF_KEYS)}")
-    if set(spec) - {"hf"}:
-        raise GridError(f"{where}: a Hugging Face model takes only 'hf', not {sorted(set(spec) - {'hf'})}")
-    rules = hf.get("rules") or {}
-    if not isinstance(rules, dict) or any(t not in TASKS for t in rules):
-        raise GridError(f"{where}.hf.rules: expected a mapping task -> rule")
-    return ModelSpec(name=name, config="", hf=dict(hf, rules=rules, flags=_str_list(hf.get("flags") or [],
-                                                                                     f"{where}.hf.flags")))
 
 
 def _model(name: str, spec, base: Path, tasks: list[str], where: str) -> ModelSpec:
@@ -238,7 +213,7 @@ def _model(name: str, spec, base: Path, tasks: list[str], where: str) -> ModelSp
     if unknown:
         raise GridError(f"{where}: unknown key(s) {sorted(unknown)}; valid keys: {sorted(MODEL_KEYS)}")
     if "hf" in spec:
-        return _hf_model(name, spec, where)
+        return ModelSpec(name=name, config="", hf=load_hf(spec, where, _str_list, GridError))
     if "config" not in spec:
         raise GridError(f"{where}: missing 'config' (the model config JSON)")
     finetuned = spec.get("finetuned") or {}

@@ -14,11 +14,11 @@ be overridden (argparse keeps the last value of a repeated flag).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .cell import Cell, Command
 from .grid import Grid, ModelSpec
+from .hf_cells import has_english, hf_argv, hf_tasks
 from .iglue import ADAM_FLAGS, TASKS, TaskSpec, finetune_grad_acc, model_extra_flags
 
 STAGES = ("finetune", "zero_shot", "translate_test", "few_shot_train", "few_shot_test", "translate_train",
@@ -117,12 +117,12 @@ class Planner:
         else:
             ann, split = self.data(spec.test_file, **fmt), spec.test_split.format(**fmt)
             feats = self.data(spec.test_features, **fmt)
-        if model.hf:
-            commands = [Command(self.hf_argv(model, task, lang, mt, d), out, err), self.record(d)]
-            return self.add(Cell(id=cell_id, stage=stage, protocol=protocol, model=model.name, task=task, lang=lang,
-                                 seed=seed, scorer=spec.scorer, commands=commands, depends_on=deps,
-                                 logs=[out, err], extra=dict(extra or {}, checkpoint=None, hf=model.hf)))
         kind = "eval_retrieval" if spec.scorer == "retrieval" else "eval"
+        if model.hf:
+            argv = hf_argv(self.grid, model, task, lang, mt, d)
+            return self.add(Cell(id=cell_id, stage=stage, protocol=protocol, model=model.name, task=task, lang=lang,
+                                 seed=seed, scorer=spec.scorer, commands=[Command(argv, out, err), self.record(d)],
+                                 depends_on=deps, logs=[out, err], extra=dict(extra or {}, hf=model.hf)))
         argv = (self.grid.commands[kind] + self.model_flags(model) + ["--from_pretrained", checkpoint] +
                 ["--tasks_config_file", self.grid.task_configs_file("test", model), "--task", spec.task_id])
         if split:
@@ -146,32 +146,10 @@ class Planner:
                              seed=seed, scorer=spec.scorer, commands=commands, depends_on=deps,
                              logs=[out, err], extra=dict(extra or {}, checkpoint=checkpoint)))
 
-    def hf_argv(self, model: ModelSpec, task: str, lang: str, mt: bool, d: Path) -> list[str]:
-        """`volta-ml iglue-hf` for a Hugging Face model; it prints the zoo's score lines, so `record` reads them."""
-        hf = model.hf
-        if task not in self.grid.images:
-            raise SystemExit(f"{self.grid.path}: images.{task}: the image root is needed for Hugging Face models")
-        argv = self.grid.commands["iglue_hf"] + [
-            "--task", task, "--backend", hf["backend"], "--model", hf["model"], "--lang", lang,
-            "--protocol", "translate-test" if mt else "zero-shot", "--data_root", str(self.grid.data_root),
-            "--images", self.grid.images[task], "--name", model.name, "--output_dir", str(d / "eval"),
-            "--no_result_json", "--no_progress"]
-        for key in ("revision", "dtype", "device", "device_map", "batch_size"):
-            if hf.get(key) is not None:
-                argv += [f"--{key}", str(hf[key])]
-        if hf.get("extra"):
-            argv += ["--extra", json.dumps(hf["extra"], sort_keys=True)]
-        if task in hf["rules"]:
-            argv += ["--rule", str(hf["rules"][task])]
-        if task in self.grid.image_templates:
-            argv += ["--image_template", self.grid.image_templates[task]]
-        return argv + list(hf["flags"]) + self.grid.extra_flags.get("iglue_hf", [])
-
     def transfer_cells(self, model: ModelSpec, task: str, mt: bool) -> None:
         stage = "translate_test" if mt else "zero_shot"
         langs = list(self.grid.languages[task])
-        # (IGLUE's English MaRVL row is NLVR2 through the zoo's features; there is no such file for HF models)
-        if self.grid.include_english and not (model.hf and self.spec(task).english_test is not None):
+        if self.grid.include_english and (not model.hf or has_english(task)):
             langs = ["en"] + [l for l in langs if l != "en"]
         for seed in self.grid.seeds:
             checkpoint, deps, per_seed = self.english_checkpoint(model, task, seed)
@@ -187,9 +165,6 @@ class Planner:
     # --- few-shot ------------------------------------------------------------------------
     def few_shot_cells(self, model: ModelSpec, task: str) -> None:
         spec = self.spec(task)
-        if model.hf:
-            raise SystemExit(f"{self.grid.path}: models.{model.name}: Hugging Face models run zero_shot and "
-                             "translate_test only")
         if not spec.few_shot_train_file:
             raise SystemExit(f"{self.grid.path}: task '{task}' has no few-shot protocol in IGLUE")
         for seed in self.grid.seeds:
@@ -242,9 +217,6 @@ class Planner:
     # --- translate-train -----------------------------------------------------------------
     def translate_train_cells(self, model: ModelSpec, task: str) -> None:
         spec = self.spec(task)
-        if model.hf:
-            raise SystemExit(f"{self.grid.path}: models.{model.name}: Hugging Face models run zero_shot and "
-                             "translate_test only")
         if not spec.translate_train_file:
             raise SystemExit(f"{self.grid.path}: task '{task}' has no translate-train data in IGLUE")
         if not model.pretrained:
@@ -274,11 +246,8 @@ class Planner:
 
     # --- all -----------------------------------------------------------------------------
     def plan(self) -> list[Cell]:
-        from volta_ml.iglue_hf.kinds import tasks_for_backend
-
         for model in self.grid.models.values():
-            # a Hugging Face model gets the grid's tasks its backend kind can do (retrieval for dual encoders)
-            for task in tasks_for_backend(model.hf["backend"], self.grid.tasks) if model.hf else self.grid.tasks:
+            for task in hf_tasks(model, self.grid) if model.hf else self.grid.tasks:
                 if "zero_shot" in self.grid.protocols:
                     self.transfer_cells(model, task, mt=False)
                 if "translate_test" in self.grid.protocols:
