@@ -283,8 +283,8 @@ def test_sweep_cells_for_hf_models_and_report(world, tmp_path):
     assert argv[2:4] == ["--task", "xvnli"] and "--rule" in argv and "translate-test" in argv
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
     proc = subprocess.run([sys.executable, "-m", "volta_ml.protocols.cli", "sweep", str(path), "--local",
-                           "--only", "zero_shot/mllm-letter/xvnli", "--only", "translate_test/mllm-letter/xvnli",
-                           "--only", "zero_shot/clip/xflickrco/de", "--only", "zero_shot/mllm-letter/marvl"],
+                           "--only", "zero_shot/mllm-letter/xvnli/ar", "--only", "translate_test/mllm-letter/xvnli",
+                           "--only", "zero_shot/clip/xflickrco/de"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.loads((tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/result.json").read_text())
@@ -297,7 +297,6 @@ def test_sweep_cells_for_hf_models_and_report(world, tmp_path):
     report = tmp_path / "runs" / "report"
     assert (report / "XVNLI_0.csv").read_text().splitlines()[1].startswith("mllm-letter,")
     assert (report / "XVNLI_0.mt.csv").read_text().splitlines()[1].startswith("mllm-letter,")
-    assert (report / "MaRVL_0.csv").read_text().splitlines()[0] == "model,id,avg"
     assert (report / "xFlickrCO_tr_0.csv").read_text().splitlines()[1].startswith("clip,")
 
 

@@ -15,6 +15,7 @@ sharded over ranks and resumable by chunks, and writes on rank 0:
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -84,10 +85,6 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
     data = read_task(task, annotation, lang)
     source = ImageSource(opts["images"], opts["image_template"] or DEFAULT_TEMPLATES[task])
     source.check(image_refs(data), annotation)
-    if backend is None:
-        backend = load_backend(opts["backend"], opts["model"], opts)
-    check_capable(task, opts["backend"], backend)
-
     out_dir = Path(opts["output_dir"])
     split = f"test_{lang}" + ("_mt" if protocol == "translate-test" else "")
     work_dir = opts["work_dir"] or str(out_dir / f"{split}_chunks")
@@ -98,6 +95,9 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
                    "extra": opts["extra"] or {}}
     info = init_distributed(opts["local_rank"], None if opts["device_map"] else opts["device"])
     try:
+        if backend is None:       # each rank on its own device (cuda:<local rank> under torchrun / srun)
+            backend = load_backend(opts["backend"], opts["model"], dict(opts, device=str(info.device)))
+        check_capable(task, opts["backend"], backend)
         if info.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
             if opts["no_resume"]:
@@ -110,7 +110,7 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         else:
             if task == "xgqa" and rule == "closed":
                 opts["vocabulary"] = opts["vocabulary"] or _gqa_vocabulary(opts["data_root"])
-                fingerprint["vocabulary"] = len(opts["vocabulary"])
+                fingerprint["vocabulary"] = hashlib.sha1("\n".join(opts["vocabulary"]).encode()).hexdigest()
             result = run_generative(backend, task, rule, data, source, **common)
         if not info.is_main:
             return None
