@@ -5,18 +5,19 @@ small stand-in tokenizer TRAINED here with `tokenizers` (the algorithm each fami
 CLIP/OPT/BLOOM/Llama-like, Unigram for SigLIP/T5/XLM-R, WordPiece for the Q-Former's BERT) and the family's own
 processor, all written with `save_pretrained`, so the backends load them exactly like a hub checkpoint.
 
-Use (the builders are cached per folder, so a session-scoped fixture builds each model once, in ~1 s):
+Use (a builder runs once per folder, ~1 s per model; share the folder through a module/session fixture):
 
-    from tests.helpers_hf import TINY, build, images
-    path = build("llava", tmp_path_factory.mktemp("hf"))          # -> folder for ModelSpec(model=str(path))
-    spec = ModelSpec(model=str(path), extra=EXTRA.get("llava", {}))  # mclip needs its image tower in extra
-    imgs = images(3)                                                  # deterministic RGB PIL images
+    from tests.helpers_hf import TINY, build, images, spec_extra
+    from volta_ml.hf import ModelSpec, load_backend
+    path = build("llava", tmp_path_factory.mktemp("hf"))                 # a local model folder
+    backend = load_backend(TINY["llava"][0], ModelSpec(str(path), extra=spec_extra("llava", path)))
+    imgs = images(3)                                                       # deterministic RGB PIL images
 
-`TINY` maps a name to (backend kind, builder): "clip", "siglip", "mclip" (kind "clip"/"mclip") and "llava",
-"blip2-opt", "blip2-bloom", "blip2-t5", "instructblip-t5" (kind "mllm"). `EXTRA[name]` is the `spec.extra` the
-model needs, with "{root}" standing for the folder the model was built in (use `spec_extra(name, path)`).
-Only the LLaVA tokenizer carries a chat template (LLaVA-1.5's "USER: <image>\\n... ASSISTANT:" shape);
-the BLIP-family models have none and exercise the documented fallback.
+`TINY` maps a name to (backend kind, builder): "clip", "siglip", "siglip2" (kind "clip"), "mclip" (kind "mclip";
+its image tower lives in a sub-folder that `spec_extra` names) and "llava", "blip2-opt", "blip2-bloom",
+"blip2-t5", "instructblip-t5", "mblip-legacy" (mBLIP's published layout without an image token) (kind "mllm").
+Only the LLaVA tokenizer carries a chat template (LLaVA-1.5's "USER: <image>\\n... ASSISTANT:" shape); the
+BLIP-family models have none and exercise the documented fallback. Letters A-D are single tokens everywhere.
 """
 from __future__ import annotations
 
@@ -152,6 +153,22 @@ def build_siglip(out: Path) -> Path:
     return _save(SiglipModel(cfg).eval(), proc, out)
 
 
+def build_siglip2(out: Path) -> Path:
+    """SigLIP-2 (NaFlex): patches of 16 and up to 256 of them, as the processor's defaults fix them."""
+    from transformers import Siglip2Config, Siglip2ImageProcessor, Siglip2Model, Siglip2Processor
+    tok = _fast(_unigram(["<pad>", "</s>", "<unk>"], "</s>"), eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                model_max_length=16)
+    vision = dict(_vision(), patch_size=16, num_patches=256)
+    vision.pop("image_size")
+    cfg = Siglip2Config(text_config=dict(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=16,
+                                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id),
+                        vision_config=vision)
+    torch.manual_seed(8)
+    proc = Siglip2Processor(image_processor=Siglip2ImageProcessor(), tokenizer=tok)
+    return _save(Siglip2Model(cfg).eval(), proc, out)
+
+
 def build_mclip(out: Path) -> Path:
     """M-CLIP as the `multilingual-clip` package publishes it: config.json (model_type "M-CLIP", modelBase,
     transformerDimensions, numDims), pytorch_model.bin with `transformer.*` (XLM-R) and `LinearTransformation.*`,
@@ -213,6 +230,7 @@ def _lm_config(kind: str, tok) -> dict:
     if kind == "bloom":
         return dict(model_type="bloom", hidden_size=HIDDEN, n_layer=2, n_head=4, bos_token_id=tok.bos_token_id,
                     **common)
+    common["vocab_size"] += 8           # padded vocabulary, as mT0 / BLOOMZ ship it
     return dict(model_type="t5", d_model=HIDDEN, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
                 decoder_start_token_id=tok.pad_token_id, relative_attention_num_buckets=8, **common)
 
@@ -259,6 +277,21 @@ def build_blip2_t5(out: Path) -> Path:
     return _build_blip(out, "t5", False, 6)
 
 
+def build_mblip_legacy(out: Path) -> Path:
+    """mBLIP's published layout (BLIP-2 + mT0): no image token in config.json, processor_config.json or tokenizer,
+    and an LM vocabulary padded beyond the tokenizer's (so the added <image> id is an unused row)."""
+    _build_blip(out, "t5", False, 9)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.pop("image_token_index", None)
+    cfg.pop("image_token_id", None)
+    (out / "config.json").write_text(json.dumps(cfg))
+    proc = json.loads((out / "processor_config.json").read_text())
+    proc.pop("num_query_tokens", None)
+    (out / "processor_config.json").write_text(json.dumps(proc))
+    _t5_tok().save_pretrained(out)          # the tokenizer as released, without <image>
+    return out
+
+
 def build_instructblip_t5(out: Path) -> Path:
     return _build_blip(out, "t5", True, 7)
 
@@ -266,12 +299,14 @@ def build_instructblip_t5(out: Path) -> Path:
 TINY = {
     "clip": ("clip", build_clip),
     "siglip": ("clip", build_siglip),
+    "siglip2": ("clip", build_siglip2),
     "mclip": ("mclip", build_mclip),
     "llava": ("mllm", build_llava),
     "blip2-opt": ("mllm", build_blip2_opt),
     "blip2-bloom": ("mllm", build_blip2_bloom),
     "blip2-t5": ("mllm", build_blip2_t5),
     "instructblip-t5": ("mllm", build_instructblip_t5),
+    "mblip-legacy": ("mllm", build_mblip_legacy),
 }
 EXTRA = {"mclip": {"image_model": "{root}/clip-image"}}
 

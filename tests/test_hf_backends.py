@@ -135,6 +135,8 @@ def test_generate_batch_equals_one_at_a_time(name, root):
     batch = b.generate(imgs, PROMPTS, max_new_tokens=4)
     assert batch == [b.generate([im], [p], max_new_tokens=4)[0] for im, p in zip(imgs, PROMPTS)]
     assert all(isinstance(t, str) for t in batch)
+    assert not any(p.split()[0] in t for p, t in zip(PROMPTS, batch))       # the prompt is stripped
+    assert not any("USER" in t for t in batch)
 
 
 @pytest.mark.parametrize("name", ["llava", "blip2-opt"])
@@ -222,7 +224,8 @@ def _features(out):
 def test_dual_encoder_equals_reference_and_batch(name, root):
     b = backend(name, root)
     assert isinstance(b, DualEncoder)
-    imgs, texts = images(3, seed=5), [p + c for p, cs in zip(PROMPTS, CONTS) for c in cs[:2]]
+    imgs = images(2, seed=5) + images(1, seed=6, size=(25, 60))      # mixed sizes: NaFlex patch padding
+    texts = [p + c for p, cs in zip(PROMPTS, CONTS) for c in cs[:2]]
     got_i, got_t = b.embed_images(imgs), b.embed_texts(texts)
     want_i, want_t = ref_dual(b, name, imgs, texts)
     assert torch.allclose(got_i, want_i, atol=TOL) and torch.allclose(got_t, want_t, atol=TOL)
@@ -263,3 +266,37 @@ def test_dtype_is_applied(root):
     assert next(b.model.parameters()).dtype == torch.bfloat16
     logits = b.choice_logits(one_image_each(1), PROMPTS[:1], LETTERS)
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+
+
+def test_revision_dtype_and_device_map_are_passed_through(root, monkeypatch):
+    from transformers import AutoModel
+    seen = {}
+
+    def fake(src, **kwargs):
+        seen.update(kwargs, src=src)
+        raise OSError("stop here\nsecond line")
+    monkeypatch.setattr(AutoModel, "from_pretrained", fake)
+    path = build("clip", root)
+    with pytest.raises(ModelLoadError, match=r"cannot load a CLIP-family dual encoder \(stop here\)$"):
+        load_backend("clip", ModelSpec(str(path), revision="0123abc", dtype="fp16", device_map="auto"))
+    assert seen == {"src": str(path), "revision": "0123abc", "dtype": torch.float16, "device_map": "auto"}
+
+
+@torch.inference_mode()
+def test_device_map_auto_gives_the_same_scores(root):
+    path = build("blip2-opt", root)
+    mapped = load_backend("mllm", ModelSpec(str(path), device_map="auto"))
+    imgs = one_image_each(2, seed=6)
+    assert torch.allclose(mapped.choice_logits(imgs, PROMPTS[:2], LETTERS),
+                          backend("blip2-opt", root).choice_logits(imgs, PROMPTS[:2], LETTERS), atol=TOL)
+
+
+@torch.inference_mode()
+def test_legacy_mblip_layout_gets_its_image(root):
+    """mBLIP ships no image token: without the fix transformers 5 would silently drop the image."""
+    b = backend("mblip-legacy", root)
+    assert b.processor.num_query_tokens == 4 and b.model.config.image_token_index == b.tokenizer.convert_tokens_to_ids("<image>")
+    enc = _single(b, images(1)[0:1], PROMPTS[0])
+    assert (enc["input_ids"][0, :4] == b.model.config.image_token_index).all()
+    a, c = b.choice_logits([images(1, seed=7), images(1, seed=8)], PROMPTS[:1] * 2, LETTERS)
+    assert not torch.allclose(a, c, atol=1e-5)

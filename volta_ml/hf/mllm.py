@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .base import ChoiceTokenError, ModelSpec
-from .loading import blank_image, float_dtype, input_device, load_model, load_processor
+from .loading import ModelLoadError, blank_image, float_dtype, input_device, load_model, load_processor
 
 QUERY_PREPENDED = ("Blip2ForConditionalGeneration", "InstructBlipForConditionalGeneration")  # BLIP family
 LM_KEYS = ("input_ids", "attention_mask")
@@ -70,11 +70,13 @@ class GenerativeBackend:
         self.processor = processor if processor is not None else load_processor(AutoProcessor, spec)
         self.tokenizer = self.processor.tokenizer
         self.blip = type(self.model).__name__ in QUERY_PREPENDED
+        if self.blip:
+            self._query_placeholders()
         cfg = self.model.config
         self.encoder_decoder = bool(getattr(cfg.get_text_config(), "is_encoder_decoder", False))
         # the module that continues a sequence from a cache: the LM itself (BLIP) or the whole model without pixels
         self.lm = self.model.language_model if self.blip else self.model
-        inner = self.lm if self.blip else self.model.model.language_model
+        inner = self.lm if self.blip else getattr(getattr(self.model, "model", None), "language_model", self.model)
         self.pass_positions = not self.encoder_decoder and _accepts(inner.forward, "position_ids")
         self.keep_last = {"logits_to_keep": 1} if _accepts(self.lm.forward, "logits_to_keep") else {}
         self.max_images = 1 if self.blip else int(spec.extra.get("max_images", 1))
@@ -85,6 +87,21 @@ class GenerativeBackend:
             else self.tokenizer.eos_token_id
         self.device, self.dtype = input_device(self.model), float_dtype(self.model)
         self._choice_cache: dict[tuple, list[list[int]]] = {}
+
+    def _query_placeholders(self) -> None:
+        """Checkpoints published before transformers put the query tokens in the text (mBLIP: no image token in
+        config or processor) would otherwise run with the image silently dropped: give the processor the model's
+        query count and the model the processor's image-token id (an unused row of the padded vocabulary)."""
+        cfg = self.model.config
+        if getattr(self.processor, "num_query_tokens", None) is None:
+            self.processor.num_query_tokens = cfg.num_query_tokens
+        if cfg.image_token_index is None:
+            image_id = self.tokenizer.convert_tokens_to_ids(str(self.processor.image_token))
+            rows = self.model.get_input_embeddings().num_embeddings
+            if image_id >= rows:
+                raise ModelLoadError(f"{self.spec.model}: no image token in its config and the processor's "
+                                     f"({image_id}) is outside the LM's {rows}-row vocabulary")
+            cfg.image_token_index = image_id
 
     # ---- prompts and batches -------------------------------------------------------------------------------
     def render(self, prompt: str, num_images: int) -> str:
