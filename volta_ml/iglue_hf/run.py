@@ -16,13 +16,11 @@ sharded over ranks and resumable by chunks, and writes on rank 0:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import sys
 import time
 from pathlib import Path
 
-from volta_ml.atomic import atomic_open, atomic_write_json
+from volta_ml.atomic import atomic_write_json
 from volta_ml.data.annotations import read_json
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.retrieval import file_digest
@@ -151,18 +149,3 @@ def _gqa_vocabulary(data_root: str | None) -> list[str]:
                        "trainval_label2ans.json) or --vocabulary")
     return list(read_json(Path(data_root) / "gqa" / "annotations" / "trainval_label2ans.json",
                           "GQA answer vocabulary"))
-
-
-def write_predictions(path: Path, rows: list[dict]) -> None:
-    with atomic_open(path, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
-def log_score(task: str, score: float) -> None:
-    """The zoo's score line for this task (what IGLUE's scrapers and the sweep's record step read)."""
-    if TASKS[task].scorer == "gqa":
-        print(score)
-        sys.stdout.flush()
-    else:
-        print("Validation [%s]: loss %.3f score %.3f " % (TASKS[task].title, 0.0, score), file=sys.stderr)

@@ -5,6 +5,7 @@ names the backend, the task, and what the backend can do instead.
 """
 from __future__ import annotations
 
+import json
 import sys
 from types import SimpleNamespace
 
@@ -12,8 +13,9 @@ import numpy as np
 import torch
 
 from volta_ml.engine.retrieval import save_array
-from volta_ml.atomic import atomic_write_json
+from volta_ml.atomic import atomic_open, atomic_write_json
 from volta_ml.hf.base import DualEncoder, Generative
+from volta_ml.protocols.iglue import TASKS
 from volta_ml.tasks.retrieval_metrics import top_images
 
 from .chunks import map_chunks
@@ -60,8 +62,6 @@ def example_images(example, source, layout: str | None) -> list:
 
 
 def run_generative(backend, task, rule_name, examples, source, *, info, work_dir, fingerprint, opts, out_dir, split):
-    from .run import log_score, write_predictions
-
     rule = get_rule(task, rule_name)
     layout = marvl_layout(backend, opts["marvl_layout"]) if task == "marvl" else None
     prompts = [user_turn(task, rule_name, e, layout) for e in examples]
@@ -97,6 +97,21 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
             "marvl_layout": layout, "first_prompt": prompts[0],
             "first_prompt_rendered": backend.render(prompts[0], n_images),
             "prompt_format": getattr(backend, "prompt_format", None)}
+
+
+def write_predictions(path, rows: list[dict]) -> None:
+    with atomic_open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def log_score(task: str, score: float) -> None:
+    """The zoo's score line for this task (what IGLUE's scrapers and the sweep's record step read)."""
+    if TASKS[task].scorer == "gqa":
+        print(score)
+        sys.stdout.flush()
+    else:
+        print("Validation [%s]: loss %.3f score %.3f " % (TASKS[task].title, 0.0, score), file=sys.stderr)
 
 
 # --- dual encoders: xFlickr&CO, WIT ----------------------------------------------------------------------------
