@@ -1,1 +1,47 @@
-"""Hugging Face backends (CLIP-family dual encoders, M-CLIP, generative image-text models); contract in base.py."""
+"""Hugging Face backends (CLIP-family dual encoders, M-CLIP, generative image-text models); contract in base.py.
+
+`load_backend(kind, spec)` builds the backend `BACKENDS[kind]` for a `ModelSpec`; each loader imports
+`transformers` only when called, so importing this package stays cheap.
+"""
+from __future__ import annotations
+
+from .base import ChoiceTokenError, DualEncoder, Generative, ModelSpec
+from .loading import ModelLoadError
+
+
+def _clip(spec: ModelSpec) -> DualEncoder:
+    from .dual import ClipBackend
+    return ClipBackend(spec)
+
+
+def _mclip(spec: ModelSpec) -> DualEncoder:
+    from .dual import MClipBackend
+    return MClipBackend(spec)
+
+
+def _mllm(spec: ModelSpec) -> Generative:
+    from .mllm import GenerativeBackend
+    return GenerativeBackend(spec)
+
+
+BACKENDS = {
+    "clip": _clip,      # transformers CLIP / SigLIP / SigLIP-2 (AutoModel + AutoProcessor)
+    "mclip": _mclip,    # M-CLIP text tower (multilingual-clip layout) + OpenAI CLIP image tower
+    "mllm": _mllm,      # LLaVA, BLIP-2 / mBLIP, InstructBLIP, other AutoModelForImageTextToText
+}
+
+
+class UnknownBackendError(ValueError):
+    """A backend kind that is not a key of BACKENDS."""
+
+
+def load_backend(kind: str, spec: ModelSpec) -> DualEncoder | Generative:
+    try:
+        loader = BACKENDS[kind]
+    except KeyError:
+        raise UnknownBackendError(f"unknown HF backend {kind!r}; supported: {', '.join(BACKENDS)}") from None
+    return loader(spec)
+
+
+__all__ = ["BACKENDS", "ChoiceTokenError", "DualEncoder", "Generative", "ModelLoadError", "ModelSpec",
+           "UnknownBackendError", "load_backend"]

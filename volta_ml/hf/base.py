@@ -12,6 +12,21 @@ A backend is loaded once from a `ModelSpec` (hub id or local path, pinned revisi
 
 Images are `PIL.Image.Image` (RGB) or `None` for the blind (text-only / blank image) control. Every method
 takes a batch and must give the same numbers as one example at a time (left padding for decoder-only LMs).
+
+Refinements made while implementing (no signature changed; all additions are optional):
+- `load_backend` raises `UnknownBackendError` (lists the supported kinds) and the loaders `ModelLoadError`
+  (one line naming the model: missing folder, no config.json, unknown architecture, unknown dtype); both are
+  `ValueError`s and are exported from `volta_ml.hf`.
+- `Generative.continuation_logprobs(..., *, reuse_cache=True)`: `reuse_cache=False` runs K full forwards (the
+  no-reuse baseline; same numbers). Continuations are tokenised alone without special tokens: pass the leading
+  space your prompt needs (" Paris" after "Answer:").
+- `choice_logits`: a choice's logit is the max over its single-token spellings ("A", " A"), checked per model
+  (must be one token, not <unk>, decode back to the choice; two choices may not share a token).
+- Generative backends also carry `prompt_format` ("chat_template" or "fallback: ...", to record with results)
+  and `choice_ids(choices)`; a blind prompt on a LLaVA-like model has no image at all, BLIP-family models get
+  `volta_ml.hf.loading.blank_image()` (uniform grey), as do the dual encoders for a `None` image.
+- Backends accept an already built model/processor (`ClipBackend(spec, model, processor)`,
+  `GenerativeBackend(spec, model, processor)`, `MClipBackend(spec, parts)`) for random-weight benchmarks.
 """
 from __future__ import annotations
 

@@ -1,0 +1,302 @@
+"""volta_ml.hf backends on tiny random models of every architecture (tests/helpers_hf.py), CPU, no downloads.
+
+Every score is checked against a direct reference computed here: one example at a time, the model's plain
+forward (no cache, no padding), log_softmax. Batches must equal one-at-a-time, KV reuse must equal no reuse.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers_hf import TINY, build, images, spec_extra
+from volta_ml.hf import BACKENDS, ChoiceTokenError, DualEncoder, Generative, ModelLoadError, ModelSpec, load_backend
+
+GENERATIVE = [n for n, (kind, _) in TINY.items() if kind == "mllm"]
+DUAL = [n for n, (kind, _) in TINY.items() if kind != "mllm"]
+LETTERS = ["A", "B", "C", "D"]
+PROMPTS = ["Location: Brazil. Question: what is shown in the picture? Options: A. a red car B. a blue bird "
+           "C. a green tree D. a dog Short Answer:", "Question: which food is this? Short Answer:",
+           "the statement is true or false ?"]
+CONTS = [[" a red car", " bird", " a green tree near the river", " dog"], [" rice and beans", " Paris", " no", " yes"],
+         [" true", " false", " neutral", " a small shop"]]
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("hf")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: one thread is fastest and keeps a shared CI machine responsive."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+_loaded: dict = {}
+
+
+def backend(name, root, **extra):
+    key = (name, tuple(sorted(extra.items())))
+    if key not in _loaded:
+        path = build(name, root)
+        _loaded[key] = load_backend(TINY[name][0], ModelSpec(str(path), extra={**spec_extra(name, path), **extra}))
+    return _loaded[key]
+
+
+def one_image_each(n=3, seed=0):
+    return [[im] for im in images(n, seed)]
+
+
+# ---- references ------------------------------------------------------------------------------------------
+def _single(b, imgs, prompt):
+    imgs = [im for im in imgs if im is not None]
+    if b.blip and not imgs:
+        from volta_ml.hf.loading import blank_image
+        imgs = [blank_image()]
+    text = b.render(prompt, len(imgs))
+    return b.processor(images=imgs or None, text=text, return_tensors="pt")
+
+
+def _start(b):
+    return torch.tensor([[b.model.config.get_text_config().decoder_start_token_id]])
+
+
+def ref_next_logits(b, imgs, prompt):
+    enc = _single(b, imgs, prompt)
+    if b.encoder_decoder:
+        return b.model(**enc, decoder_input_ids=_start(b)).logits[0, -1]
+    return b.model(**enc).logits[0, -1]
+
+
+def ref_logprob(b, imgs, prompt, cont):
+    enc = _single(b, imgs, prompt)
+    ids = torch.tensor([b.tokenizer(cont, add_special_tokens=False)["input_ids"]])
+    if b.encoder_decoder:
+        logits = b.model(**enc, decoder_input_ids=torch.cat([_start(b), ids[:, :-1]], 1)).logits[0]
+    else:
+        full = torch.cat([enc["input_ids"], ids], 1)
+        enc = dict(enc, input_ids=full, attention_mask=torch.ones_like(full))
+        logits = b.model(**enc).logits[0, -ids.shape[1] - 1:-1]
+    return F.log_softmax(logits.float(), -1).gather(-1, ids[0, :, None]).sum().item(), ids.shape[1]
+
+
+def letter_ids(tok, letter):
+    out = set()
+    for s in (letter, " " + letter):
+        t = tok(s, add_special_tokens=False)["input_ids"]
+        if len(t) == 1:
+            out.add(t[0])
+    return sorted(out)
+
+
+# ---- generative ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", GENERATIVE)
+@torch.inference_mode()
+def test_choice_logits_equal_reference_and_batch(name, root):
+    b = backend(name, root)
+    assert isinstance(b, Generative)
+    imgs = one_image_each()
+    got = b.choice_logits(imgs, PROMPTS, LETTERS)
+    for i in range(len(PROMPTS)):
+        logits = ref_next_logits(b, imgs[i], PROMPTS[i])
+        want = torch.stack([logits[letter_ids(b.tokenizer, c)].max() for c in LETTERS])
+        assert torch.allclose(got[i], want.float(), atol=TOL), (name, i)
+        assert torch.allclose(got[i:i + 1], b.choice_logits(imgs[i:i + 1], PROMPTS[i:i + 1], LETTERS), atol=TOL)
+
+
+@pytest.mark.parametrize("name", GENERATIVE)
+@torch.inference_mode()
+def test_continuation_logprobs_equal_reference_batch_and_no_reuse(name, root):
+    b = backend(name, root)
+    imgs = one_image_each(seed=1)
+    sums, counts = b.continuation_logprobs(imgs, PROMPTS, CONTS)
+    for i in range(len(PROMPTS)):
+        for k, cont in enumerate(CONTS[i]):
+            want, n = ref_logprob(b, imgs[i], PROMPTS[i], cont)
+            assert abs(sums[i, k].item() - want) < TOL * max(1.0, abs(want)), (name, i, k)
+            assert counts[i, k].item() == n
+        one, _ = b.continuation_logprobs(imgs[i:i + 1], PROMPTS[i:i + 1], CONTS[i:i + 1])
+        assert torch.allclose(one[0], sums[i], atol=TOL)
+    plain, plain_counts = b.continuation_logprobs(imgs, PROMPTS, CONTS, reuse_cache=False)
+    assert torch.allclose(plain, sums, atol=TOL) and torch.equal(plain_counts, counts)
+
+
+@pytest.mark.parametrize("name", GENERATIVE)
+def test_generate_batch_equals_one_at_a_time(name, root):
+    b = backend(name, root)
+    imgs = one_image_each(seed=2)
+    batch = b.generate(imgs, PROMPTS, max_new_tokens=4)
+    assert batch == [b.generate([im], [p], max_new_tokens=4)[0] for im, p in zip(imgs, PROMPTS)]
+    assert all(isinstance(t, str) for t in batch)
+    assert not any(p.split()[0] in t for p, t in zip(PROMPTS, batch))       # the prompt is stripped
+    assert not any("USER" in t for t in batch)
+
+
+@pytest.mark.parametrize("name", ["llava", "blip2-opt"])
+@torch.inference_mode()
+def test_blind_control_in_a_mixed_batch(name, root):
+    b = backend(name, root)
+    imgs = [[images(1)[0]], [None]]
+    got = b.choice_logits(imgs, PROMPTS[:2], LETTERS)
+    ref = ref_next_logits(b, [None], PROMPTS[1])
+    assert torch.allclose(got[1], torch.stack([ref[letter_ids(b.tokenizer, c)].max() for c in LETTERS]), atol=TOL)
+    if not b.blip:      # LLaVA-like: the blind prompt carries no image token at all
+        assert "<image>" not in b.render(PROMPTS[1], 0)
+
+
+def test_render_uses_chat_template_or_documented_fallback(root):
+    llava = backend("llava", root)
+    assert llava.prompt_format == "chat_template"
+    assert llava.render("Question: hi? Short Answer:", 1) == "USER: <image>\nQuestion: hi? Short Answer: ASSISTANT:"
+    assert llava.render("Q", 2) == "USER: <image>\n<image>\nQ ASSISTANT:"
+    raw = backend("llava", root, chat_template=False)
+    assert raw.prompt_format.startswith("fallback") and raw.render("Q", 1) == "<image>\nQ"
+    blip = backend("blip2-t5", root)
+    assert blip.prompt_format.startswith("fallback") and blip.render("Question: hi?", 1) == "Question: hi?"
+
+
+@torch.inference_mode()
+def test_multi_image_prompts_and_max_images(root):
+    b = backend("llava", root, max_images=2)
+    two = [images(2, seed=3), images(2, seed=4)]
+    got = b.choice_logits(two, PROMPTS[:2], LETTERS)
+    for i in range(2):
+        ref = ref_next_logits(b, two[i], PROMPTS[i])
+        assert torch.allclose(got[i], torch.stack([ref[letter_ids(b.tokenizer, c)].max() for c in LETTERS]), atol=TOL)
+    with pytest.raises(ValueError, match="at most 2"):
+        b.choice_logits([images(3)], PROMPTS[:1], LETTERS)
+    with pytest.raises(ValueError, match="at most 1"):
+        backend("blip2-opt", root).choice_logits([images(2)], PROMPTS[:1], LETTERS)
+
+
+def test_choice_token_error_names_model_and_choice(root):
+    b = backend("blip2-opt", root)
+    with pytest.raises(ChoiceTokenError, match=r"blip2-opt: the choice 'Zebra-Q' .*--rule open"):
+        b.choice_logits(one_image_each(1), PROMPTS[:1], ["A", "Zebra-Q"])
+    ids = b.choice_ids(LETTERS)       # byte-level BPE: "A" and " A" are both single tokens, both used
+    assert all(len(v) == 2 for v in ids) and len({i for v in ids for i in v}) == 8
+    with pytest.raises(ChoiceTokenError, match="share the token"):
+        b.choice_ids(["A", " A"])
+
+
+def test_empty_continuation_is_an_error(root):
+    with pytest.raises(ValueError, match="has no tokens"):
+        backend("llava", root).continuation_logprobs(one_image_each(1), PROMPTS[:1], [["", " a"]])
+
+
+# ---- dual encoders ---------------------------------------------------------------------------------------
+def ref_dual(b, name, imgs, texts):
+    if name == "mclip":
+        state = torch.load(b.spec.model + "/pytorch_model.bin", weights_only=True)
+        from transformers import AutoConfig, XLMRobertaModel
+        cfg = json.load(open(b.spec.model + "/config.json"))
+        text = XLMRobertaModel(AutoConfig.from_pretrained(cfg["modelBase"])).eval()
+        text.load_state_dict({k[12:]: v for k, v in state.items() if k.startswith("transformer.")}, strict=False)
+        w, bias = state["LinearTransformation.weight"], state["LinearTransformation.bias"]
+        rows = []
+        for t in texts:
+            enc = b.tokenizer([t], return_tensors="pt")
+            rows.append(text(**enc).last_hidden_state[0].mean(0) @ w.T + bias)       # no padding: mean over all
+        clip = b.vision
+        ims = [_features(clip.get_image_features(**b.image_processor(images=[im], return_tensors="pt")))[0]
+               for im in imgs]
+        return F.normalize(torch.stack(ims), dim=-1), F.normalize(torch.stack(rows), dim=-1)
+    pad = "max_length" if b.padding == "max_length" else False
+    ims = [_features(b.model.get_image_features(**b.processor(images=[im], return_tensors="pt")))[0] for im in imgs]
+    txs = [_features(b.model.get_text_features(**b.processor(text=[t], padding=pad, truncation=True, max_length=b.max_length,
+                                                              return_tensors="pt")))[0] for t in texts]
+    return F.normalize(torch.stack(ims), dim=-1), F.normalize(torch.stack(txs), dim=-1)
+
+
+def _features(out):
+    return out if isinstance(out, torch.Tensor) else out.pooler_output
+
+
+@pytest.mark.parametrize("name", DUAL)
+@torch.inference_mode()
+def test_dual_encoder_equals_reference_and_batch(name, root):
+    b = backend(name, root)
+    assert isinstance(b, DualEncoder)
+    imgs = images(2, seed=5) + images(1, seed=6, size=(25, 60))      # mixed sizes: NaFlex patch padding
+    texts = [p + c for p, cs in zip(PROMPTS, CONTS) for c in cs[:2]]
+    got_i, got_t = b.embed_images(imgs), b.embed_texts(texts)
+    want_i, want_t = ref_dual(b, name, imgs, texts)
+    assert torch.allclose(got_i, want_i, atol=TOL) and torch.allclose(got_t, want_t, atol=TOL)
+    assert torch.allclose(got_t.norm(dim=-1), torch.ones(len(texts)), atol=1e-5)
+    assert got_i.dtype == torch.float32 and got_i.device.type == "cpu"
+    blank = b.embed_images([None])
+    assert blank.shape == (1, got_i.shape[1]) and torch.isfinite(blank).all()
+
+
+# ---- loading ---------------------------------------------------------------------------------------------
+def test_backends_table_and_unknown_kind():
+    assert set(BACKENDS) == {"clip", "mclip", "mllm"}
+    with pytest.raises(ValueError, match="unknown HF backend 'gpt'; supported: clip, mclip, mllm"):
+        load_backend("gpt", ModelSpec("x"))
+
+
+def test_load_errors_are_one_line(root, tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_backend("clip", ModelSpec(str(tmp_path / "nope")))
+    with pytest.raises(ModelLoadError, match="has no config.json"):
+        load_backend("mllm", ModelSpec(str(tmp_path)))
+    with pytest.raises(ModelLoadError, match="unknown or unsupported architecture") as e:
+        load_backend("mllm", ModelSpec(str(build("clip", root))))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ModelLoadError, match="unknown dtype 'fp8'"):
+        load_backend("clip", ModelSpec(str(build("clip", root)), dtype="fp8"))
+    with pytest.raises(ModelLoadError, match="not 'M-CLIP'"):
+        load_backend("mclip", ModelSpec(str(build("clip", root))))
+    bad = tmp_path / "weird"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "no-such-arch"}))
+    with pytest.raises(ModelLoadError, match="unknown or unsupported architecture"):
+        load_backend("clip", ModelSpec(str(bad)))
+
+
+def test_dtype_is_applied(root):
+    b = load_backend("mllm", ModelSpec(str(build("blip2-opt", root)), dtype="bf16"))
+    assert next(b.model.parameters()).dtype == torch.bfloat16
+    logits = b.choice_logits(one_image_each(1), PROMPTS[:1], LETTERS)
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+
+
+def test_revision_dtype_and_device_map_are_passed_through(root, monkeypatch):
+    from transformers import AutoModel
+    seen = {}
+
+    def fake(src, **kwargs):
+        seen.update(kwargs, src=src)
+        raise OSError("stop here\nsecond line")
+    monkeypatch.setattr(AutoModel, "from_pretrained", fake)
+    path = build("clip", root)
+    with pytest.raises(ModelLoadError, match=r"cannot load a CLIP-family dual encoder \(stop here\)$"):
+        load_backend("clip", ModelSpec(str(path), revision="0123abc", dtype="fp16", device_map="auto"))
+    assert seen == {"src": str(path), "revision": "0123abc", "dtype": torch.float16, "device_map": "auto"}
+
+
+@torch.inference_mode()
+def test_device_map_auto_gives_the_same_scores(root):
+    path = build("blip2-opt", root)
+    mapped = load_backend("mllm", ModelSpec(str(path), device_map="auto"))
+    imgs = one_image_each(2, seed=6)
+    assert torch.allclose(mapped.choice_logits(imgs, PROMPTS[:2], LETTERS),
+                          backend("blip2-opt", root).choice_logits(imgs, PROMPTS[:2], LETTERS), atol=TOL)
+
+
+@torch.inference_mode()
+def test_legacy_mblip_layout_gets_its_image(root):
+    """mBLIP ships no image token: without the fix transformers 5 would silently drop the image."""
+    b = backend("mblip-legacy", root)
+    assert b.processor.num_query_tokens == 4 and b.model.config.image_token_index == b.tokenizer.convert_tokens_to_ids("<image>")
+    enc = _single(b, images(1)[0:1], PROMPTS[0])
+    assert (enc["input_ids"][0, :4] == b.model.config.image_token_index).all()
+    a, c = b.choice_logits([images(1, seed=7), images(1, seed=8)], PROMPTS[:1] * 2, LETTERS)
+    assert not torch.allclose(a, c, atol=1e-5)

@@ -1,0 +1,101 @@
+"""Loading a `ModelSpec`: local folder or hub id (+ pinned revision), dtype, device or accelerate's device_map.
+
+Nothing here downloads on its own: a hub id goes to `from_pretrained` (which uses the local HF cache and the
+hub as the user configured it); tests pass local folders only. Every failure is one line naming the model.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from .base import ModelSpec
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+BLANK_SIZE = 224          # side of the blank image that stands in for a missing photo (blind control)
+
+
+class ModelLoadError(ValueError):
+    """A model folder / hub id / architecture that cannot be loaded (one-line message naming the model)."""
+
+
+def blank_image() -> Image.Image:
+    """The blind control's stand-in photo for models that cannot run without an image: uniform mid-grey."""
+    return Image.new("RGB", (BLANK_SIZE, BLANK_SIZE), (128, 128, 128))
+
+
+def is_local(model: str) -> bool:
+    return Path(model).expanduser().exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
+
+
+def source(spec: ModelSpec) -> str:
+    """The folder or hub id to load; a local path that does not exist (or has no config.json) is an error."""
+    if not is_local(spec.model):
+        return spec.model
+    path = Path(spec.model).expanduser()
+    if not path.is_dir():
+        raise ModelLoadError(f"model folder {spec.model} does not exist")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model folder {spec.model} has no config.json (not a transformers model folder)")
+    return str(path)
+
+
+def torch_dtype(spec: ModelSpec) -> torch.dtype:
+    try:
+        return DTYPES[spec.dtype]
+    except KeyError:
+        raise ModelLoadError(f"{spec.model}: unknown dtype {spec.dtype!r}; use one of {', '.join(DTYPES)}") from None
+
+
+def read_config(spec: ModelSpec) -> dict:
+    """config.json as a dict (for layouts transformers does not know, e.g. M-CLIP's)."""
+    from transformers.utils import cached_file
+    try:
+        file = cached_file(source(spec), "config.json", revision=spec.revision)
+    except OSError as e:
+        raise ModelLoadError(f"{spec.model}: cannot read config.json ({str(e).splitlines()[0]})") from None
+    return json.loads(Path(file).read_text())
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def load_model(auto_cls, spec: ModelSpec, what: str, **kwargs):
+    """`auto_cls.from_pretrained` with the spec's revision, dtype and device / device_map; eval mode."""
+    src = source(spec)
+    kwargs = dict(revision=spec.revision, dtype=torch_dtype(spec), **kwargs)
+    if spec.device_map:
+        kwargs["device_map"] = spec.device_map          # accelerate places the layers (models > one GPU)
+    try:
+        model = auto_cls.from_pretrained(src, **kwargs)
+    except (ValueError, KeyError) as e:
+        raise ModelLoadError(f"{spec.model}: unknown or unsupported architecture for {what} ({_one_line(e)})") from None
+    except OSError as e:
+        raise ModelLoadError(f"{spec.model}: cannot load {what} ({_one_line(e)})") from None
+    if not spec.device_map:
+        model = model.to(spec.device)
+    return model.eval()
+
+
+def load_processor(auto_cls, spec: ModelSpec, **kwargs):
+    try:
+        return auto_cls.from_pretrained(source(spec), revision=spec.revision, **kwargs)
+    except (ValueError, KeyError, OSError, TypeError) as e:
+        raise ModelLoadError(f"{spec.model}: cannot load its processor/tokenizer ({_one_line(e)})") from None
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Where inputs go: the model's device, or under a device_map the device of the input embeddings."""
+    try:
+        return model.get_input_embeddings().weight.device
+    except (AttributeError, NotImplementedError):
+        pass
+    return next(model.parameters()).device
+
+
+def float_dtype(model: torch.nn.Module) -> torch.dtype:
+    return next(p.dtype for p in model.parameters() if p.is_floating_point())
