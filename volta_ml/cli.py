@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "volta_ml.engine.retrieval_cli",
     "volta_ml.engine.gqa_score_cli",
     "volta_ml.cvqa.cli",
+    "volta_ml.iglue_hf.cli",
     "volta_ml.protocols.cli",
     "volta_ml.demo.cli",
 ]

@@ -12,14 +12,16 @@ from pathlib import Path
 import yaml
 
 from .cvqa import CVQASection, load_section
+from .hf_cells import load_hf, task_map
 from .iglue import FEW_SHOT_EPOCHS, FEW_SHOT_LRS, TASKS
 
 PROTOCOLS = ("zero_shot", "translate_test", "few_shot", "translate_train")
-COMMAND_KINDS = ("train", "eval", "eval_retrieval", "gqa_score", "cvqa_score")
+COMMAND_KINDS = ("train", "eval", "eval_retrieval", "gqa_score", "cvqa_score", "iglue_hf")
 TOP_KEYS = {"name", "data_root", "output_dir", "task_configs", "checkpoint_root", "models", "tasks", "protocols",
             "languages", "few_shot_languages", "shots", "learning_rates", "seeds", "include_english",
-            "num_epoch", "commands", "extra_flags", "paths", "env", "pass_data_root", "slurm", "python", "cvqa"}
-MODEL_KEYS = {"config", "bert_model", "do_lower_case", "is_m3p", "features", "finetuned", "pretrained"}
+            "num_epoch", "commands", "extra_flags", "paths", "env", "pass_data_root", "slurm", "python", "cvqa",
+            "images", "image_templates"}   # images*: Hugging Face models (hf_cells.py)
+MODEL_KEYS = {"config", "bert_model", "do_lower_case", "is_m3p", "features", "finetuned", "pretrained", "hf"}
 EXTRA_FLAG_KINDS = set(COMMAND_KINDS) | {"finetune", "few_shot_train", "translate_train"}
 
 
@@ -37,6 +39,7 @@ class ModelSpec:
     features: str = "boxes36"
     finetuned: dict[str, str] = field(default_factory=dict)   # task -> English fine-tuned checkpoint
     pretrained: str | None = None                              # fine-tune on English first when no `finetuned`
+    hf: dict | None = None                                     # a Hugging Face model (hf_cells.py); no checkpoints
 
 
 @dataclass
@@ -65,6 +68,8 @@ class Grid:
     checkpoint_root: str = ""
     python: str = sys.executable
     cvqa: CVQASection | None = None        # CVQA cells (volta_ml/protocols/cvqa.py)
+    images: dict[str, str] = field(default_factory=dict)            # task -> image root (HF models)
+    image_templates: dict[str, str] = field(default_factory=dict)   # task -> path template under it
 
     def step(self) -> list[str]:
         """argv prefix of the in-cell helper steps (record, select)."""
@@ -80,7 +85,8 @@ def default_commands(python: str = sys.executable) -> dict[str, list[str]]:
     interpreter running the sweep, which also suits Slurm nodes sharing its environment)."""
     base = [python, "-m", "volta_ml.cli"]
     return {"train": base + ["train"], "eval": base + ["eval"], "eval_retrieval": base + ["eval-retrieval"],
-            "gqa_score": base + ["gqa-score"], "cvqa_score": base + ["cvqa", "score"]}
+            "gqa_score": base + ["gqa-score"], "cvqa_score": base + ["cvqa", "score"],
+            "iglue_hf": base + ["iglue-hf"]}
 
 
 def _default_task_configs() -> Path:
@@ -200,6 +206,8 @@ def load_grid(path: str | Path) -> Grid:
         pass_data_root=bool(raw.get("pass_data_root", True)),
         slurm=raw.get("slurm") or {}, python=python,
         cvqa=load_section(raw["cvqa"], base, where("cvqa"), _str_list, GridError) if "cvqa" in raw else None,
+        images={t: str(_resolve(base, v)) for t, v in task_map(raw.get("images"), where("images"), GridError).items()},
+        image_templates=task_map(raw.get("image_templates"), where("image_templates"), GridError),
     )
 
 
@@ -209,6 +217,8 @@ def _model(name: str, spec, base: Path, tasks: list[str], where: str) -> ModelSp
     unknown = set(spec) - MODEL_KEYS
     if unknown:
         raise GridError(f"{where}: unknown key(s) {sorted(unknown)}; valid keys: {sorted(MODEL_KEYS)}")
+    if "hf" in spec:
+        return ModelSpec(name=name, config="", hf=load_hf(spec, where, _str_list, GridError))
     if "config" not in spec:
         raise GridError(f"{where}: missing 'config' (the model config JSON)")
     finetuned = spec.get("finetuned") or {}

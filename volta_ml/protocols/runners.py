@@ -19,6 +19,7 @@ from pathlib import Path
 from .cell import Cell, Command
 from .cvqa import cvqa_cells
 from .grid import Grid, ModelSpec
+from .hf_cells import has_english, hf_argv, hf_tasks
 from .iglue import ADAM_FLAGS, TASKS, TaskSpec, finetune_grad_acc, model_extra_flags
 
 STAGES = ("finetune", "zero_shot", "translate_test", "few_shot_train", "few_shot_test", "translate_train",
@@ -70,6 +71,8 @@ class Planner:
     # --- checkpoints ---------------------------------------------------------------------
     def english_checkpoint(self, model: ModelSpec, task: str, seed: int) -> tuple[str, list[str], bool]:
         """(checkpoint path, cell ids it depends on, whether it varies with the seed)."""
+        if model.hf:
+            return model.hf["model"], [], False       # a Hugging Face model is evaluated as it is
         if task in model.finetuned:
             spec = self.spec(task)
             cfg = Path(model.config).stem
@@ -116,6 +119,11 @@ class Planner:
             ann, split = self.data(spec.test_file, **fmt), spec.test_split.format(**fmt)
             feats = self.data(spec.test_features, **fmt)
         kind = "eval_retrieval" if spec.scorer == "retrieval" else "eval"
+        if model.hf:
+            argv = hf_argv(self.grid, model, task, lang, mt, d)
+            return self.add(Cell(id=cell_id, stage=stage, protocol=protocol, model=model.name, task=task, lang=lang,
+                                 seed=seed, scorer=spec.scorer, commands=[Command(argv, out, err), self.record(d)],
+                                 depends_on=deps, logs=[out, err], extra=dict(extra or {}, hf=model.hf)))
         argv = (self.grid.commands[kind] + self.model_flags(model) + ["--from_pretrained", checkpoint] +
                 ["--tasks_config_file", self.grid.task_configs_file("test", model), "--task", spec.task_id])
         if split:
@@ -142,7 +150,7 @@ class Planner:
     def transfer_cells(self, model: ModelSpec, task: str, mt: bool) -> None:
         stage = "translate_test" if mt else "zero_shot"
         langs = list(self.grid.languages[task])
-        if self.grid.include_english:
+        if self.grid.include_english and (not model.hf or has_english(task)):
             langs = ["en"] + [l for l in langs if l != "en"]
         for seed in self.grid.seeds:
             checkpoint, deps, per_seed = self.english_checkpoint(model, task, seed)
@@ -240,7 +248,7 @@ class Planner:
     # --- all -----------------------------------------------------------------------------
     def plan(self) -> list[Cell]:
         for model in self.grid.models.values():
-            for task in self.grid.tasks:
+            for task in hf_tasks(model, self.grid) if model.hf else self.grid.tasks:
                 if "zero_shot" in self.grid.protocols:
                     self.transfer_cells(model, task, mt=False)
                 if "translate_test" in self.grid.protocols:

@@ -1,0 +1,317 @@
+"""IGLUE tasks with Hugging Face backends: every task x backend kind on subsets of the real IGLUE files with
+generated images; scores equal a direct computation, sharding and resuming change nothing, the report places
+the rows into IGLUE's CSVs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, shared_path
+from iglue_hf_fixtures import FailingAfter, FakeDual, FakeGenerative, build_data_root, make_images
+from volta_ml.iglue_hf.data import read_task
+from volta_ml.iglue_hf.images import DEFAULT_TEMPLATES, ImageSource, MissingImagesError, side_by_side
+from volta_ml.iglue_hf.prompts import OPTIONS, letter_choices, user_turn
+from volta_ml.iglue_hf.run import annotation_path, run_iglue_hf
+from volta_ml.iglue_hf.scoring import normalise_answer
+from volta_ml.iglue_hf.tasks import BackendTaskError
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """data_root with IGLUE's layout (real rows) and an image root holding every image those rows name."""
+    shared = shared_path("iglue", "datasets")
+    tmp = tmp_path_factory.mktemp("iglue_hf")
+    root = build_data_root(shared, tmp / "datasets")
+    images = tmp / "images"
+    for task, lang, protocol in [("xvnli", "ar", "zero-shot"), ("xvnli", "ar", "translate-test"),
+                                 ("xvnli", "en", "zero-shot"), ("xflickrco", "de", "zero-shot"),
+                                 ("xflickrco", "de", "translate-test"), ("wit", "ar", "zero-shot"),
+                                 ("marvl", "id", "zero-shot"), ("marvl", "id", "translate-test")]:
+        make_images(task, Path(annotation_path(task, lang, protocol, str(root), None)), lang, images / task)
+    make_images("xgqa", root / "xGQA/annotations/few_shot/de/train_5.json", "de", images / "xgqa")
+    return {"root": root, "images": images, "tmp": tmp}
+
+
+def options(world, task, lang, out, protocol="zero-shot", **extra):
+    opts = {"task": task, "backend": "fake", "model": "/models/fake-model", "lang": lang, "protocol": protocol,
+            "images": str(world["images"] / task), "output_dir": str(out), "data_root": str(world["root"]),
+            "progress": False, "batch_size": 3, "chunk_size": 5}
+    if task == "xgqa":
+        opts["annotations"] = str(world["root"] / "xGQA/annotations/few_shot/de/train_5.json")
+    opts.update(extra)
+    return opts
+
+
+def reference_accuracy(backend, task, rule, examples, source, layout=None, vocabulary=None, max_new_tokens=10):
+    """One example at a time, straight from the backend."""
+    correct = 0
+    for e in examples:
+        images = [source.load(r) for r in e.images]
+        if layout == "canvas":
+            images = [side_by_side(*images)]
+        prompt = user_turn(task, rule, e, layout)
+        if rule == "letter":
+            pred = OPTIONS[task][int(backend.choice_logits([images], [prompt], letter_choices(task)).argmax())]
+        elif rule == "likelihood":
+            words = [" " + w for w in OPTIONS[task]]
+            pred = OPTIONS[task][int(backend.continuation_logprobs([images], [prompt], [words])[0].argmax())]
+        elif rule == "generate":
+            pred = normalise_answer(backend.generate([images], [prompt], max_new_tokens)[0])
+        else:
+            words = [" " + w for w in vocabulary]
+            pred = vocabulary[int(backend.continuation_logprobs([images], [prompt], [words])[0].argmax())]
+        correct += pred == e.label
+    return 100.0 * correct / len(examples)
+
+
+@pytest.mark.parametrize("rule", ["letter", "likelihood"])
+@pytest.mark.parametrize("protocol", ["zero-shot", "translate-test"])
+def test_xvnli_scores_equal_direct_computation(world, tmp_path, capsys, rule, protocol):
+    backend = FakeGenerative()
+    opts = options(world, "xvnli", "ar", tmp_path, protocol, rule=rule)
+    result = run_iglue_hf(opts, backend=backend)
+    ann = annotation_path("xvnli", "ar", protocol, str(world["root"]), None)
+    assert ("machine-translate" in ann) == (protocol == "translate-test")
+    examples = read_task("xvnli", ann, "ar")
+    source = ImageSource(opts["images"], DEFAULT_TEMPLATES["xvnli"])
+    expected = reference_accuracy(FakeGenerative(), "xvnli", rule, examples, source)
+    assert result["metrics"]["score"] == pytest.approx(expected)
+    assert result["first_prompt_rendered"] == backend.render(user_turn("xvnli", rule, examples[0]), 1)
+    assert f"Validation [XVNLI]: loss 0.000 score {expected:.3f}" in capsys.readouterr().err
+    record = json.loads((tmp_path / "result.json").read_text())
+    assert record["protocol"] == protocol.replace("-", "_") and record["model"] == "fake-model"
+    rows = [json.loads(l) for l in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == len(examples) == 24 and not (tmp_path / "test_ar_chunks").exists()
+
+
+@pytest.mark.parametrize("rule", ["generate", "closed"])
+def test_xgqa_scores_equal_direct_computation(world, tmp_path, capsys, rule):
+    vocabulary = ["yes", "no", "red car", "left", "right", "table"]
+    opts = options(world, "xgqa", "de", tmp_path, rule=rule, vocabulary=vocabulary if rule == "closed" else None)
+    result = run_iglue_hf(opts, backend=FakeGenerative(answers=("Yes.", "no", "The red car.", "left\nbecause")))
+    examples = read_task("xgqa", opts["annotations"], "de")
+    expected = reference_accuracy(FakeGenerative(answers=("Yes.", "no", "The red car.", "left\nbecause")), "xgqa",
+                                  rule, examples, ImageSource(opts["images"], "{id}.jpg"), vocabulary=vocabulary)
+    assert result["metrics"]["score"] == pytest.approx(expected)
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(expected)   # GQA_score's bare float
+
+
+def test_gqa_answer_normalisation():
+    assert normalise_answer("The red car.") == "red car"
+    assert normalise_answer("  Yes!\nBecause the sky") == "yes"
+    assert normalise_answer("an  apple") == "apple"
+    assert normalise_answer("") == ""
+
+
+@pytest.mark.parametrize("max_images,layout", [(1, "canvas"), (2, "multi")])
+def test_marvl_canvas_or_two_images(world, tmp_path, max_images, layout):
+    opts = options(world, "marvl", "id", tmp_path, rule="letter")
+    result = run_iglue_hf(opts, backend=FakeGenerative(max_images=max_images))
+    examples = read_task("marvl", annotation_path("marvl", "id", "zero-shot", str(world["root"]), None), "id")
+    source = ImageSource(opts["images"], DEFAULT_TEMPLATES["marvl"])
+    expected = reference_accuracy(FakeGenerative(max_images=max_images), "marvl", "letter", examples, source, layout)
+    assert result["marvl_layout"] == layout and result["metrics"]["score"] == pytest.approx(expected)
+    assert result["first_prompt_rendered"].count("<image>") == max_images
+
+
+def test_side_by_side_canvas():
+    from PIL import Image
+    left, right = Image.new("RGB", (10, 20), "red"), Image.new("RGB", (30, 10), "blue")
+    canvas = side_by_side(left, right)
+    assert canvas.size == (5 + 30, 10)
+    assert canvas.getpixel((0, 0)) == (255, 0, 0) and canvas.getpixel((34, 9)) == (0, 0, 255)
+
+
+def brute_force_recalls(scores: np.ndarray, caption_image: list[int]) -> dict:
+    ir = [list(np.argsort(-row, kind="stable")).index(g) for row, g in zip(scores, caption_image)]
+    tr = []
+    for image in range(scores.shape[1]):
+        order = list(np.argsort(-scores[:, image], kind="stable"))
+        tr.append(min(order.index(c) for c, g in enumerate(caption_image) if g == image))
+    out = {}
+    for prefix, ranks in (("ir", np.array(ir)), ("tr", np.array(tr))):
+        for k in (1, 5, 10):
+            out[f"{prefix}_r{k}"] = 100.0 * float(np.mean(ranks < k))
+    return out
+
+
+@pytest.mark.parametrize("task,lang,protocol", [("xflickrco", "de", "zero-shot"), ("xflickrco", "de", "translate-test"),
+                                                ("wit", "ar", "zero-shot")])
+def test_retrieval_recalls_equal_brute_force(world, tmp_path, capsys, task, lang, protocol):
+    backend = FakeDual()
+    opts = options(world, task, lang, tmp_path, protocol)
+    result = run_iglue_hf(opts, backend=backend)
+    data = read_task(task, annotation_path(task, lang, protocol, str(world["root"]), None), lang)
+    source = ImageSource(opts["images"], DEFAULT_TEMPLATES[task])
+    texts = FakeDual().embed_texts(data.captions).numpy()
+    images = FakeDual().embed_images([source.load(r) for r in data.images]).numpy()
+    expected = brute_force_recalls(texts @ images.T, data.caption_image)
+    for key, value in expected.items():
+        assert result["metrics"][key] == pytest.approx(value), key
+    split = result["split"]
+    assert len(json.loads((tmp_path / f"{split}_result.json").read_text())) == len(data.captions)
+    assert np.load(tmp_path / f"{split}_scores.npy").shape == (len(data.captions), len(data.images))
+    finals = [l for l in capsys.readouterr().out.splitlines() if l.startswith("Final")]
+    assert len(finals) == 2 and finals[0].startswith("Final r1:%.3f" % expected["ir_r1"])
+
+
+@pytest.mark.parametrize("task,backend_factory", [("xvnli", FakeGenerative), ("xflickrco", FakeDual)])
+def test_resume_equals_uninterrupted(world, tmp_path, task, backend_factory):
+    lang = "ar" if task == "xvnli" else "de"
+    whole = run_iglue_hf(options(world, task, lang, tmp_path / "whole"), backend=backend_factory())
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run_iglue_hf(options(world, task, lang, tmp_path / "cut"), backend=FailingAfter(backend_factory(), 5))
+    again = backend_factory()
+    resumed = run_iglue_hf(options(world, task, lang, tmp_path / "cut"), backend=again)
+    assert resumed["metrics"] == whole["metrics"]
+    total = backend_factory()
+    run_iglue_hf(options(world, task, lang, tmp_path / "count"), backend=total)
+    assert 0 < again.calls < total.calls            # the saved chunks were reused, not recomputed
+    split = whole["split"]
+    for name in ("predictions.jsonl",) if task == "xvnli" else (f"{split}_result.json",):
+        assert (tmp_path / "whole" / name).read_text() == (tmp_path / "cut" / name).read_text()
+
+
+@pytest.mark.parametrize("task", ["xvnli", "xflickrco"])
+def test_two_processes_equal_one(world, tmp_path, task):
+    lang = "ar" if task == "xvnli" else "de"
+    one = run_iglue_hf(options(world, task, lang, tmp_path / "one"),
+                       backend=FakeGenerative() if task == "xvnli" else FakeDual())
+    opts = options(world, task, lang, tmp_path / "two")
+    spec = tmp_path / "options.json"
+    spec.write_text(json.dumps(opts))
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", str(_free_port()), str(REPO / "tests" / "iglue_hf_entry.py"), str(spec)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    two = json.loads((tmp_path / "two" / "iglue_hf_results.json").read_text())
+    assert two["world_size"] == 2 and two["metrics"] == one["metrics"]
+    name = "predictions.jsonl" if task == "xvnli" else f"{one['split']}_result.json"
+    assert (tmp_path / "one" / name).read_text() == (tmp_path / "two" / name).read_text()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_report_places_rows_beside_the_zoo(world, tmp_path):
+    from volta_ml.protocols.report import write_report
+    from volta_ml.protocols.results import collect
+
+    runs = tmp_path / "runs"
+    for lang, protocol in [("ar", "zero-shot"), ("en", "zero-shot"), ("ar", "translate-test")]:
+        run_iglue_hf(options(world, "xvnli", lang, runs / f"xvnli-{lang}-{protocol}", protocol, name="mllm-letter"),
+                     backend=FakeGenerative())
+    run_iglue_hf(options(world, "xflickrco", "de", runs / "flickr-de", name="clip"), backend=FakeDual())
+    zoo = runs / "experiments" / "uc2" / "xvnli"                 # an IGLUE log of the zoo, read as IGLUE does
+    zoo.mkdir(parents=True)
+    (zoo / "test.ar.err").write_text("Validation [XVNLI]: loss 1.000 score 55.000 \n")
+    (zoo / "test.ar.out").write_text("")
+    write_report(collect(runs), tmp_path / "report")
+    zero = (tmp_path / "report" / "XVNLI_0.csv").read_text().splitlines()
+    mine = json.loads((runs / "xvnli-ar-zero-shot" / "iglue_hf_results.json").read_text())["metrics"]["score"]
+    english = json.loads((runs / "xvnli-en-zero-shot" / "iglue_hf_results.json").read_text())["metrics"]["score"]
+    assert zero[0] == "model,en,ar,avg"
+    assert zero[1].startswith("uc2,-1.0,55.0")
+    assert zero[2] == f"mllm-letter,{english!r},{mine!r},{mine!r}"
+    assert (tmp_path / "report" / "XVNLI_0.mt.csv").read_text().splitlines()[1].startswith(f"mllm-letter,{english!r},")
+    ir = (tmp_path / "report" / "xFlickrCO_ir_0.csv").read_text().splitlines()
+    assert ir[0] == "model,de,avg" and ir[1].startswith("clip,")
+
+
+def test_missing_images_are_listed(world, tmp_path):
+    images = tmp_path / "few"
+    images.mkdir()
+    with pytest.raises(MissingImagesError, match=r"of the images .*test.jsonl names are not under .*first missing: "
+                                                 r".*\.jpg, .*\.jpg"):
+        run_iglue_hf(options(world, "xvnli", "ar", tmp_path, images=str(images)), backend=FakeGenerative())
+
+
+@pytest.mark.parametrize("task,backend,can", [("xvnli", FakeDual(), "xflickrco, wit"),
+                                              ("wit", FakeGenerative(), "xvnli, xgqa, marvl")])
+def test_backend_that_cannot_do_the_task(world, tmp_path, task, backend, can):
+    lang = "ar"
+    with pytest.raises(BackendTaskError, match=f"cannot do {task}.*can do: {can}"):
+        run_iglue_hf(options(world, task, lang, tmp_path), backend=backend)
+
+
+def test_cli_usage_errors_exit_2(world, tmp_path, capsys):
+    from volta_ml.cli import main
+    code = main(["iglue-hf", "--task", "xvnli", "--backend", "mllm", "--model", "m", "--lang", "ar",
+                 "--images", str(tmp_path / "nothing"), "--data_root", str(world["root"]),
+                 "--output_dir", str(tmp_path / "out")])
+    assert code == 2
+    assert "volta-ml iglue-hf: error: 8 of the images" in capsys.readouterr().err
+
+
+def test_sweep_cells_for_hf_models_and_report(world, tmp_path):
+    """A grid with `hf:` models: volta-ml iglue-hf cells per task x language x protocol, recorded by the sweep's
+    own record step from the zoo's log lines, and tabulated beside each other."""
+    import yaml
+
+    from volta_ml.protocols.grid import load_grid
+    from volta_ml.protocols.runners import plan_cells
+
+    grid = {"name": "hf", "data_root": str(world["root"]), "output_dir": str(tmp_path / "runs"),
+            "tasks": ["xvnli", "xflickrco", "marvl"], "protocols": ["zero_shot", "translate_test"],
+            "languages": {"xvnli": ["ar"], "xflickrco": ["de"], "marvl": ["id"]},
+            "images": {t: str(world["images"] / t) for t in ("xvnli", "xflickrco", "marvl")},
+            "models": {"mllm-letter": {"hf": {"backend": "mllm", "model": "/m/llava", "rules": {"xvnli": "letter"},
+                                              "batch_size": 4}},
+                       "clip": {"hf": {"backend": "clip", "model": "/m/clip"}}},
+            "commands": {"iglue_hf": [sys.executable, str(REPO / "tests" / "iglue_hf_fake_cli.py")]}}
+    path = tmp_path / "grid.yml"
+    path.write_text(yaml.safe_dump(grid))
+    cells = {c.id: c for c in plan_cells(load_grid(path))}
+    # a dual encoder gets the retrieval cells, a generative model the others; MaRVL has no English file here
+    assert sorted(i for i in cells if i.startswith("zero_shot/")) == [
+        "zero_shot/clip/xflickrco/de", "zero_shot/clip/xflickrco/en", "zero_shot/mllm-letter/marvl/id",
+        "zero_shot/mllm-letter/xvnli/ar", "zero_shot/mllm-letter/xvnli/en"]
+    assert sorted(i for i in cells if i.startswith("translate_test/")) == [
+        "translate_test/clip/xflickrco/de", "translate_test/mllm-letter/marvl/id", "translate_test/mllm-letter/xvnli/ar"]
+    argv = cells["translate_test/mllm-letter/xvnli/ar"].commands[0].argv
+    assert argv[2:4] == ["--task", "xvnli"] and "--rule" in argv and "translate-test" in argv
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    proc = subprocess.run([sys.executable, "-m", "volta_ml.protocols.cli", "sweep", str(path), "--local",
+                           "--only", "zero_shot/mllm-letter/xvnli/ar", "--only", "translate_test/mllm-letter/xvnli",
+                           "--only", "zero_shot/clip/xflickrco/de"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads((tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/result.json").read_text())
+    mine = json.loads((tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/eval/iglue_hf_results.json").read_text())
+    assert record["metrics"]["score"] == pytest.approx(mine["metrics"]["score"], abs=1e-3)
+    assert not (tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/eval/result.json").exists()
+    proc = subprocess.run([sys.executable, "-m", "volta_ml.protocols.cli", "report", str(tmp_path / "runs"),
+                           "--no_plots"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = tmp_path / "runs" / "report"
+    assert (report / "XVNLI_0.csv").read_text().splitlines()[1].startswith("mllm-letter,")
+    assert (report / "XVNLI_0.mt.csv").read_text().splitlines()[1].startswith("mllm-letter,")
+    assert (report / "xFlickrCO_tr_0.csv").read_text().splitlines()[1].startswith("clip,")
+
+
+def test_grid_rejects_hf_models_in_training_protocols(world, tmp_path):
+    import yaml
+
+    from volta_ml.protocols.grid import GridError, load_grid
+    from volta_ml.protocols.runners import plan_cells
+
+    base = {"data_root": str(world["root"]), "tasks": ["xvnli"], "images": {"xvnli": "/img"}}
+    path = tmp_path / "g.yml"
+    path.write_text(yaml.safe_dump(dict(base, protocols=["few_shot"], models={"m": {"hf": {"backend": "mllm",
+                                                                                          "model": "x"}}})))
+    with pytest.raises(SystemExit, match="Hugging Face models run zero_shot and translate_test only"):
+        plan_cells(load_grid(path))
+    path.write_text(yaml.safe_dump(dict(base, models={"m": {"hf": {"backend": "mllm", "model": "x", "dtyp": 1}}})))
+    with pytest.raises(GridError, match=r"models.m.hf: unknown key\(s\) \['dtyp'\]"):
+        load_grid(path)

@@ -1,0 +1,83 @@
+"""`volta-ml iglue-hf`: one IGLUE task, language and protocol with a Hugging Face backend (docs/hf_models.md)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .images import DEFAULT_TEMPLATES
+from .run import PROTOCOLS
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", required=True, choices=sorted(DEFAULT_TEMPLATES))
+    parser.add_argument("--backend", required=True,
+                        help="backend kind, a key of volta_ml.hf.BACKENDS (clip, mclip, mllm)")
+    parser.add_argument("--model", required=True, help="hub id or local folder")
+    parser.add_argument("--revision", default=None, help="pinned model commit (recorded)")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device_map", default=None, help="'auto': accelerate spreads a large model")
+    parser.add_argument("--extra", type=_json_object, default=None, metavar="JSON",
+                        help='backend options (ModelSpec.extra), e.g. \'{"max_images": 2}\' for a multi-image '
+                             'LLaVA-like model or \'{"image_model": "..."}\' for M-CLIP')
+    parser.add_argument("--rule", default=None,
+                        help="xvnli/marvl: letter (default) | likelihood; xgqa: generate (default) | closed")
+    parser.add_argument("--lang", required=True)
+    parser.add_argument("--protocol", default="zero-shot", choices=sorted(PROTOCOLS))
+    parser.add_argument("--data_root", default=None, help="IGLUE's datasets/ folder (finds the test / _mt file)")
+    parser.add_argument("--annotations", default=None, help="explicit annotation file (overrides --data_root)")
+    parser.add_argument("--images", required=True, help="image root folder")
+    parser.add_argument("--image_template", default=None,
+                        help="path of an image under --images with {id} {file} {concept} {lang} "
+                             "(default per task: " + ", ".join(f"{k}: {v}" for k, v in DEFAULT_TEMPLATES.items()) + ")")
+    parser.add_argument("--marvl_layout", default="auto", choices=["auto", "canvas", "multi"],
+                        help="MaRVL: both images in the prompt (multi) or side by side in one canvas")
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--chunk_size", type=int, default=64, help="items per saved chunk (unit of resume/shard)")
+    parser.add_argument("--max_new_tokens", type=int, default=10, help="xgqa generate: answer length limit")
+    parser.add_argument("--name", default=None, help="row name in the tables (default: the model folder name)")
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--work_dir", default=None)
+    parser.add_argument("--no_resume", action="store_true")
+    parser.add_argument("--keep_chunks", action="store_true")
+    parser.add_argument("--no_result_json", dest="record", action="store_false",
+                        help="do not write result.json (a sweep cell's record step writes it)")
+    parser.add_argument("--no_progress", dest="progress", action="store_false")
+    parser.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=-1,
+                        help=argparse.SUPPRESS)
+
+
+def _json_object(text: str) -> dict:
+    import json
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+def run_command(args) -> int:
+    from volta_ml.data.annotations import AnnotationError
+    from volta_ml.engine.distributed import finish_process
+
+    from .images import MissingImagesError
+    from .run import run_iglue_hf
+    from .tasks import BackendTaskError
+
+    options = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    try:
+        run_iglue_hf(options)
+    except (KeyError, ValueError, FileNotFoundError, MissingImagesError, AnnotationError, BackendTaskError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"volta-ml iglue-hf: error: {message}", file=sys.stderr)
+        return finish_process(2)
+    return finish_process(0)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("iglue-hf", help="IGLUE tasks with Hugging Face models (CLIP, M-CLIP, MLLMs)",
+                                   description=__doc__.split("\n")[0])
+    add_flags(parser)
+    parser.set_defaults(func=run_command)

@@ -1,0 +1,102 @@
+"""IGLUE's annotation files read for image-reading backends: examples with `ImageRef`s instead of region keys.
+
+The field rules are the zoo loaders' (`volta_ml/tasks/*.py`): XVNLI keeps `sentence2` as the hypothesis and a
+`-` gold label counts as wrong; xGQA reads a GQA-format question JSON (questionId -> question, imageId,
+answer); MaRVL reads `caption`, `left_img`, `right_img`, `label` (a JSON boolean); retrieval (xFlickr&CO, WIT)
+keeps every caption with the index of its image, images unique in file order.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from volta_ml.data.annotations import AnnotationError, read_json, read_jsonl, require
+from volta_ml.tasks import visual_entailment
+from volta_ml.tasks.retrieval import _key_candidates, _row_captions
+
+from .images import ImageRef
+
+
+@dataclass
+class Example:
+    id: str
+    images: tuple[ImageRef, ...]
+    text: str
+    label: str              # gold answer / label name ("-" = no gold: counts as wrong, as VOLTA)
+    line: int
+
+
+@dataclass
+class RetrievalData:
+    images: list[ImageRef]
+    captions: list[str]
+    caption_image: list[int] = field(default_factory=list)
+
+
+def read_xvnli(path: str, lang: str) -> list[Example]:
+    out = []
+    for record in visual_entailment.read_examples(path):
+        label = visual_entailment.LABEL_NAMES[record["label"]] if record["label"] >= 0 else "-"
+        out.append(Example(str(record["pair_id"] or record["question_id"]), (ImageRef(record["image_id"], lang=lang),),
+                           record["text"], label, record["line"]))
+    return out
+
+
+def read_xgqa(path: str, lang: str) -> list[Example]:
+    data = read_json(path, "GQA question file")
+    if not isinstance(data, dict):
+        raise AnnotationError(f"{path}: expected a GQA question dict (questionId -> question), got a "
+                              f"{type(data).__name__}")
+    out = []
+    for position, (key, row) in enumerate(data.items(), start=1):
+        if not isinstance(row, dict) or not {"question", "imageId", "answer"} <= set(row):
+            raise AnnotationError(f"{path}: question {key!r} (entry {position}) lacks question, imageId or answer")
+        out.append(Example(str(key), (ImageRef(str(row["imageId"]), lang=lang),), str(row["question"]),
+                           str(row["answer"]), position))
+    return out
+
+
+def read_marvl(path: str, lang: str) -> list[Example]:
+    out = []
+    for index, (line_no, row) in enumerate(read_jsonl(path)):
+        label = require(row, "label", path, line_no)
+        if not (isinstance(label, bool) or label in (0, 1)):
+            raise AnnotationError(f"{path}:{line_no}: MaRVL label must be a JSON boolean, got {label!r}")
+        concept, row_lang = str(row.get("concept", "")), str(row.get("language") or lang)
+        refs = tuple(ImageRef(os.path.basename(name).split(".")[0], os.path.basename(name), concept, row_lang)
+                     for name in (str(require(row, "left_img", path, line_no)),
+                                  str(require(row, "right_img", path, line_no))))
+        out.append(Example(str(row.get("id", index)), refs, str(require(row, "caption", path, line_no)),
+                           "true" if label else "false", line_no))
+    return out
+
+
+def read_retrieval(path: str, lang: str) -> RetrievalData:
+    """xFlickr&CO (`sentences`, `img_path`/`id`) or WIT (`caption_reference_description`, `wit_ix`)."""
+    data, index = RetrievalData([], []), {}
+    for line_no, row in read_jsonl(path):
+        texts = _row_captions(row, path, line_no)
+        key = _key_candidates(row)[0]
+        if key not in index:
+            index[key] = len(data.images)
+            stem = key.split(".")[0] if "wit_ix" not in row else key
+            data.images.append(ImageRef(stem, key if "wit_ix" not in row else "", lang=lang))
+        data.captions.extend(texts)
+        data.caption_image.extend([index[key]] * len(texts))
+    if not data.captions:
+        raise AnnotationError(f"{path}: no captions")
+    return data
+
+
+READERS = {"xvnli": read_xvnli, "xgqa": read_xgqa, "marvl": read_marvl, "xflickrco": read_retrieval,
+           "wit": read_retrieval}
+
+
+def read_task(task: str, path: str, lang: str):
+    return READERS[task](path, lang)
+
+
+def image_refs(task_data) -> list[ImageRef]:
+    if isinstance(task_data, RetrievalData):
+        return list(task_data.images)
+    return [ref for example in task_data for ref in example.images]

@@ -1,0 +1,151 @@
+"""One IGLUE evaluation of a Hugging Face backend: (task, language, protocol) -> result files and a table row.
+
+`run_iglue_hf(options)` is what `volta-ml iglue-hf` calls (a sweep cell runs that command). It reads the task's
+annotation file (IGLUE's test file, or its `_mt` translation for translate-test), checks that every image is
+under the image root, scores with the backend (dual encoders: retrieval; generative: XVNLI, xGQA, MaRVL),
+sharded over ranks and resumable by chunks, and writes on rank 0:
+- `iglue_hf_results.json`: metrics, rule, prompts version, the rendered prompt of the first example, MaRVL's
+  image layout, backend spec, timing;
+- `predictions.jsonl` (generative) or eval_retrieval's `<split>_result.json`, `<split>_others.json`,
+  `<split>_scores.npy`, `<split>_retrieval.json` (retrieval);
+- `result.json` (unless `record=False`): the record `volta-ml report` places into IGLUE's CSVs;
+- the zoo's log lines, so a sweep cell's record step reads the score the same way: `Validation [<Title>]:
+  loss 0.000 score <acc> ` on stderr (XVNLI, MaRVL), the bare accuracy as the last stdout line (xGQA), the two
+  `Final r1:...` lines on stdout (retrieval).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+from volta_ml.atomic import atomic_write_json
+from volta_ml.data.annotations import read_json
+from volta_ml.engine.distributed import init_distributed, shutdown
+from volta_ml.engine.retrieval import file_digest
+from volta_ml.protocols.iglue import TASKS
+
+from .data import image_refs, read_task
+from .images import DEFAULT_TEMPLATES, ImageSource
+from .prompts import PROMPTS_VERSION
+from .scoring import DEFAULT_RULES
+from .tasks import check_capable, run_generative, run_retrieval
+
+PROTOCOLS = {"zero-shot": "zero_shot", "translate-test": "translate_test"}
+DEFAULTS = {"rule": None, "annotations": None, "data_root": None, "image_template": None, "batch_size": 8,
+            "chunk_size": 64, "max_new_tokens": 10, "marvl_layout": "auto", "name": None, "revision": None,
+            "dtype": "fp32", "device": "cpu", "device_map": None, "work_dir": None, "no_resume": False,
+            "keep_chunks": False, "record": True, "progress": True, "vocabulary": None, "local_rank": -1,
+            "extra": None}
+REQUIRED = ("task", "backend", "model", "lang", "protocol", "images", "output_dir")
+
+
+def annotation_path(task: str, lang: str, protocol: str, data_root: str | None, explicit: str | None) -> str:
+    """The explicit file, else IGLUE's test (or `_mt`) file of `lang` under `data_root`."""
+    if explicit:
+        return explicit
+    if not data_root:
+        raise KeyError("give --annotations or --data_root (IGLUE's datasets/ folder)")
+    spec = TASKS[task]
+    template = spec.mt_file if protocol == "translate-test" else spec.test_file
+    if lang == "en" and spec.english_test is not None and protocol == "zero-shot":
+        raise KeyError(f"{task}: IGLUE's English test is not in datasets/ (the zoo uses NLVR2's); give --annotations")
+    return str(Path(data_root) / template.format(lang=lang))
+
+
+def load_backend(kind: str, model: str, options: dict):
+    from volta_ml.hf import load_backend as load
+    from volta_ml.hf.base import ModelSpec
+
+    return load(kind, ModelSpec(model=model, revision=options["revision"], dtype=options["dtype"],
+                                device=options["device"], device_map=options["device_map"],
+                                extra=dict(options["extra"] or {})))
+
+
+def run_iglue_hf(options: dict, backend=None) -> dict | None:
+    """Evaluate and write the result files; returns the results on rank 0 (None elsewhere). `backend` skips
+    loading (tests, benchmarks); otherwise `volta_ml.hf.load_backend(backend kind, ModelSpec(model, ...))`."""
+    unknown = set(options) - set(DEFAULTS) - set(REQUIRED)
+    if unknown:
+        raise KeyError(f"run_iglue_hf: unknown option(s) {sorted(unknown)}")
+    missing = [k for k in REQUIRED if not options.get(k)]
+    if missing:
+        raise KeyError(f"run_iglue_hf: missing option(s) {missing}")
+    opts = {**DEFAULTS, **options}
+    task, lang, protocol = opts["task"], opts["lang"], opts["protocol"]
+    if task not in TASKS:
+        raise KeyError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+    if protocol not in PROTOCOLS:
+        raise KeyError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
+    rule = opts["rule"] or DEFAULT_RULES[task]
+    annotation = annotation_path(task, lang, protocol, opts["data_root"], opts["annotations"])
+    data = read_task(task, annotation, lang)
+    source = ImageSource(opts["images"], opts["image_template"] or DEFAULT_TEMPLATES[task])
+    source.check(image_refs(data), annotation)
+    out_dir = Path(opts["output_dir"])
+    split = f"test_{lang}" + ("_mt" if protocol == "translate-test" else "")
+    work_dir = opts["work_dir"] or str(out_dir / f"{split}_chunks")
+    fingerprint = {"format": 1, "task": task, "rule": rule, "annotations": file_digest(annotation),
+                   "images": os.path.abspath(opts["images"]), "template": source.template,
+                   "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
+                   "backend": opts["backend"], "prompts": PROMPTS_VERSION, "batch_size": opts["batch_size"],
+                   "extra": opts["extra"] or {}}
+    info = init_distributed(opts["local_rank"], None if opts["device_map"] else opts["device"])
+    try:
+        if backend is None:       # each rank on its own device (cuda:<local rank> under torchrun / srun)
+            backend = load_backend(opts["backend"], opts["model"], dict(opts, device=str(info.device)))
+        check_capable(task, opts["backend"], backend)
+        if info.is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            if opts["no_resume"]:
+                import shutil
+                shutil.rmtree(work_dir, ignore_errors=True)
+        started = time.time()
+        common = dict(info=info, work_dir=work_dir, fingerprint=fingerprint, opts=opts, out_dir=out_dir, split=split)
+        if task in ("xflickrco", "wit"):
+            result = run_retrieval(backend, data, source, **common)
+        else:
+            if task == "xgqa" and rule == "closed":
+                opts["vocabulary"] = opts["vocabulary"] or _gqa_vocabulary(opts["data_root"])
+                fingerprint["vocabulary"] = hashlib.sha1("\n".join(opts["vocabulary"]).encode()).hexdigest()
+            result = run_generative(backend, task, rule, data, source, **common)
+        if not info.is_main:
+            return None
+        seconds = time.time() - started
+        results = {
+            "task": task, "title": TASKS[task].title, "lang": lang, "protocol": PROTOCOLS[protocol],
+            "model": opts["name"] or _model_name(opts["model"]), "backend": opts["backend"],
+            "spec": {"model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
+                     "extra": opts["extra"] or {}},
+            "rule": rule, "prompts_version": PROMPTS_VERSION, "annotations": annotation,
+            "image_root": str(opts["images"]), "image_template": source.template, "split": split,
+            "world_size": info.world_size, "seconds": round(seconds, 3), **result,
+        }
+        results["examples_per_second"] = round(results["n_examples"] / max(seconds, 1e-9), 3)
+        atomic_write_json(out_dir / "iglue_hf_results.json", results, indent=1, ensure_ascii=False)
+        if opts["record"]:
+            atomic_write_json(out_dir / "result.json", {
+                "id": f"iglue_hf/{results['model']}/{task}/{lang}/{PROTOCOLS[protocol]}",
+                "stage": PROTOCOLS[protocol], "protocol": PROTOCOLS[protocol], "model": results["model"],
+                "task": task, "lang": lang, "shot": None, "lr": None, "seed": None, "metrics": result["metrics"],
+                "backend": opts["backend"], "rule": rule, "status": "done",
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
+        if not opts["keep_chunks"]:
+            import shutil
+            shutil.rmtree(work_dir, ignore_errors=True)
+        return results
+    finally:
+        shutdown(info)
+
+
+def _model_name(model: str) -> str:
+    return Path(model.rstrip("/")).name or model
+
+
+def _gqa_vocabulary(data_root: str | None) -> list[str]:
+    if not data_root:
+        raise KeyError("--rule closed needs the GQA answer vocabulary: give --data_root (gqa/annotations/"
+                       "trainval_label2ans.json) or --vocabulary")
+    return list(read_json(Path(data_root) / "gqa" / "annotations" / "trainval_label2ans.json",
+                          "GQA answer vocabulary"))

@@ -1,0 +1,153 @@
+"""The two ways a backend meets an IGLUE task: retrieval with a dual encoder, scoring rules with a generative model.
+
+`NEEDS` is the table of which backend kind a task needs; `check_capable` turns a mismatch into an error that
+names the backend, the task, and what the backend can do instead.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from volta_ml.engine.retrieval import save_array
+from volta_ml.atomic import atomic_open, atomic_write_json
+from volta_ml.hf.base import DualEncoder, Generative
+from volta_ml.protocols.iglue import TASKS
+from volta_ml.tasks.retrieval_metrics import top_images
+
+from .chunks import map_chunks
+from .images import side_by_side
+from .kinds import NEEDS
+from .prompts import user_turn
+from .scoring import accuracy, get_rule
+
+KIND_OF = (("dual encoder", DualEncoder), ("generative", Generative))
+
+
+class BackendTaskError(ValueError):
+    """The backend's kind cannot do the task."""
+
+
+def backend_kind(backend) -> str | None:
+    return next((name for name, protocol in KIND_OF if isinstance(backend, protocol)), None)
+
+
+def check_capable(task: str, kind_name: str, backend) -> None:
+    has = backend_kind(backend)
+    if has != NEEDS[task]:
+        can = [t for t, need in NEEDS.items() if need == has]
+        raise BackendTaskError(
+            f"backend {kind_name!r} ({type(backend).__name__}) is a {has or 'unknown kind of'} model and cannot do "
+            f"{task}, which needs a {NEEDS[task]} backend; {kind_name!r} can do: {', '.join(can) or 'none'}")
+
+
+# --- generative: XVNLI, xGQA, MaRVL ----------------------------------------------------------------------------
+def marvl_layout(backend, requested: str) -> str:
+    """`multi` (both images in the prompt) when the model takes two images, else `canvas` (side by side)."""
+    if requested == "auto":
+        return "multi" if backend.max_images >= 2 else "canvas"
+    if requested == "multi" and backend.max_images < 2:
+        raise ValueError(f"--marvl_layout multi: this model takes at most {backend.max_images} image per prompt")
+    return requested
+
+
+def example_images(example, source, layout: str | None) -> list:
+    images = [source.load(ref) for ref in example.images]
+    if layout == "canvas":
+        return [side_by_side(images[0], images[1])]
+    return images
+
+
+def run_generative(backend, task, rule_name, examples, source, *, info, work_dir, fingerprint, opts, out_dir, split):
+    rule = get_rule(task, rule_name)
+    layout = marvl_layout(backend, opts["marvl_layout"]) if task == "marvl" else None
+    prompts = [user_turn(task, rule_name, e, layout) for e in examples]
+    context = {"max_new_tokens": opts["max_new_tokens"], "vocabulary": opts["vocabulary"]}
+    batch = max(1, opts["batch_size"])
+
+    def compute(rows: range) -> dict:
+        parts = []
+        for start in range(rows.start, rows.stop, batch):
+            stop = min(start + batch, rows.stop)
+            images = [example_images(examples[i], source, layout) for i in range(start, stop)]
+            with torch.inference_mode():
+                parts.append(rule.score(backend, images, prompts[start:stop], context))
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    arrays = map_chunks(len(examples), opts["chunk_size"], compute, work_dir=work_dir,
+                        fingerprint=dict(fingerprint, layout=layout, max_new_tokens=opts["max_new_tokens"]),
+                        info=info, desc=f"{task} {rule_name}", progress=opts["progress"])
+    if not info.is_main:
+        return None
+    predictions = rule.predict(arrays, context)
+    gold = [e.label for e in examples]
+    score = accuracy(predictions, gold)
+    rows = [{"id": e.id, "line": e.line, "prediction": p, "label": e.label}
+            for e, p in zip(examples, predictions)]
+    if "answers" in arrays:
+        for row, raw in zip(rows, arrays["answers"].tolist()):
+            row["generated"] = raw
+    write_predictions(out_dir / "predictions.jsonl", rows)
+    log_score(task, score)
+    n_images = len(example_images(examples[0], source, layout))
+    return {"metrics": {"score": score}, "n_examples": len(examples), "rule_description": rule.describe,
+            "marvl_layout": layout, "first_prompt": prompts[0],
+            "first_prompt_rendered": backend.render(prompts[0], n_images),
+            "prompt_format": getattr(backend, "prompt_format", None)}
+
+
+def write_predictions(path, rows: list[dict]) -> None:
+    with atomic_open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def log_score(task: str, score: float) -> None:
+    """The zoo's score line for this task (what IGLUE's scrapers and the sweep's record step read)."""
+    if TASKS[task].scorer == "gqa":
+        print(score)
+        sys.stdout.flush()
+    else:
+        print("Validation [%s]: loss %.3f score %.3f " % (TASKS[task].title, 0.0, score), file=sys.stderr)
+
+
+# --- dual encoders: xFlickr&CO, WIT ----------------------------------------------------------------------------
+def run_retrieval(backend, data, source, *, info, work_dir, fingerprint, opts, out_dir, split):
+    from volta_ml.engine.retrieval_cli import print_report
+
+    batch = max(1, opts["batch_size"])
+
+    def embedder(items, embed):
+        def compute(rows: range) -> dict:
+            parts = []
+            for start in range(rows.start, rows.stop, batch):
+                with torch.inference_mode():
+                    parts.append(embed(items[start:min(start + batch, rows.stop)]).float().cpu().numpy())
+            return {"embeddings": np.concatenate(parts)}
+        return compute
+
+    texts = map_chunks(len(data.captions), opts["chunk_size"], embedder(data.captions, backend.embed_texts),
+                       work_dir=f"{work_dir}/texts", fingerprint=fingerprint, info=info, desc="embedding captions",
+                       progress=opts["progress"])["embeddings"]
+    images = map_chunks(len(data.images), opts["chunk_size"],
+                        embedder(data.images, lambda refs: backend.embed_images([source.load(r) for r in refs])),
+                        work_dir=f"{work_dir}/images", fingerprint=fingerprint, info=info, desc="embedding images",
+                        progress=opts["progress"])["embeddings"]
+    if not info.is_main:
+        return None
+    scores = texts @ images.T                      # captions x images cosine similarities
+    caption_image = np.asarray(data.caption_image, dtype=np.int64)
+    report = print_report(scores, caption_image, SimpleNamespace(no_running_lines=True, num_subiters=1, shortlist=0))
+    save_array(str(out_dir / f"{split}_scores.npy"), scores.astype(np.float32))
+    atomic_write_json(out_dir / f"{split}_result.json", top_images(scores))
+    atomic_write_json(out_dir / f"{split}_others.json", [])
+    report.update(split=split, n_captions=len(data.captions), n_images=len(data.images), standard=True)
+    atomic_write_json(out_dir / f"{split}_retrieval.json", report)
+    sys.stdout.flush()
+    metrics = {f"{prefix}_{k}": v for prefix, key in (("ir", "image_retrieval"), ("tr", "text_retrieval"))
+               for k, v in report[key].items()}
+    return {"metrics": metrics, "n_examples": len(data.captions), "n_images": len(data.images),
+            "rule_description": "cosine similarity of L2-normalised embeddings, each image and caption embedded once"}
