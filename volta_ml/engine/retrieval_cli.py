@@ -174,7 +174,7 @@ def print_report(scores: np.ndarray, caption_image: np.ndarray, args) -> dict:
 
 def run_eval_retrieval(args) -> dict | None:
     from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
-    from volta_ml.engine.distributed import barrier, init_distributed, shutdown
+    from volta_ml.engine.distributed import abort, barrier, init_distributed, shutdown
     from volta_ml.engine.eval_cli import write_json
     from volta_ml.engine.retrieval import compute_score_matrix, save_array
     from volta_ml.models import load_config
@@ -245,24 +245,22 @@ def run_eval_retrieval(args) -> dict | None:
         if not args.keep_chunks:
             shutil.rmtree(work_dir, ignore_errors=True)   # everything it held is in <split>_scores.npy now
         return report
+    except BaseException:
+        abort()  # no barrier with ranks that are still working: they fail at their next collective
+        raise
     finally:
-        shutdown(info)
+        shutdown(info)  # nothing left to do after abort()
 
 
 def run_checked(args, prog: str) -> int:
+    """Exit status: 0, or `volta_ml.engine.failures.EXIT_CODES` with the cause as the last stderr line."""
     from volta_ml.engine.distributed import finish_process
-    from volta_ml.engine.eval_cli import user_errors
-    from volta_ml.engine.retrieval_scorer import ScorerSetupError
+    from volta_ml.engine.failures import fail
 
     try:
         run_eval_retrieval(args)
-    except user_errors() as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        return finish_process(2)
-    except ScorerSetupError as err:   # e.g. --zero_shot on a model without a matching head
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        return finish_process(2)
+    except (Exception, KeyboardInterrupt) as error:
+        return finish_process(fail(error, prog))
     return finish_process(0)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import multiprocessing
 import signal
 from dataclasses import dataclass
 from typing import Callable
@@ -15,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from volta_ml.engine.checkpointing import unwrap
 from volta_ml.engine.distributed import DistInfo, ResumableDistributedSampler, ShardSampler, all_reduce_sum
+from volta_ml.engine.failures import stop_workers
 
 logger = logging.getLogger("volta_ml.train")
 
@@ -64,16 +64,10 @@ def _ignore_preemption_in_worker(worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def _kill_leftover_workers() -> None:
-    """At exit after a crash, DataLoader workers may still be alive (a traceback holds their
-    iterator); multiprocessing would SIGTERM them, which they ignore, and wait forever."""
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
-            child.join(timeout=5)
-
-
-atexit.register(_kill_leftover_workers)  # runs before multiprocessing's own exit hook (LIFO)
+# At exit after an error that escaped `failures.fail` (embedded use), DataLoader workers may still be
+# alive (a traceback holds their iterator); multiprocessing would SIGTERM them, which they ignore,
+# and wait forever. This runs before multiprocessing's own exit hook (LIFO).
+atexit.register(stop_workers)
 
 
 @dataclass

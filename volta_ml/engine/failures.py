@@ -1,0 +1,131 @@
+"""How a run ends when something goes wrong: one line on stderr, an exit code, nothing left running.
+
+`fail(error, prog)` is what every entry point (train_task.py, eval_task.py, eval_retrieval.py and
+their `volta-ml` subcommands) does with an error that ends the run: it stops the DataLoader
+workers (they ignore SIGTERM on purpose, see `train_support`), leaves the process group without a
+collective (`distributed.abort`), prints a traceback only for errors that are not the user's input,
+and prints the cause as the last stderr line, `<prog>: error: <cause>`. The exit codes
+(`EXIT_CODES`) are listed in docs/training.md, "When things go wrong".
+"""
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import signal
+import sys
+import traceback
+
+EXIT_CRASH, EXIT_USAGE, EXIT_NON_FINITE, EXIT_WRITE, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
+EXIT_CODES = {
+    0: "finished",
+    EXIT_CRASH: "crashed: an error in the model, the data, a DataLoader worker or another rank "
+                "(a traceback precedes the last line)",
+    EXIT_USAGE: "usage error: a bad flag, path, file or config entry (one line, no traceback)",
+    EXIT_NON_FINITE: "the training loss became NaN or infinite (the weights of that step are not saved)",
+    EXIT_WRITE: "a checkpoint or result file could not be written (disk full, read-only, quota); "
+                "the previous file of that name is unchanged",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    "128+N": "stopped by signal N after saving the resume file (143 for SIGTERM, 138 for SIGUSR1)",
+}
+# errors of the disk, not of the program: reported without a traceback, as exit code 4
+DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG}
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by inputs (files, flags, configs): reported as one clear line instead of a traceback."""
+    from volta_ml.data import AnnotationError, TokenizerLoadError
+    from volta_ml.tasks.common import MissingImageError
+    from volta_ml.tasks.config import TaskConfigError
+    errors = [AnnotationError, TokenizerLoadError, MissingImageError, TaskConfigError, FileNotFoundError,
+              UsageError]
+    try:
+        from volta_ml.models import CheckpointError, ConfigError
+        errors += [CheckpointError, ConfigError]
+    except ImportError:
+        pass
+    try:
+        from volta_ml.features import FeatureStoreError
+        errors.append(FeatureStoreError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+class UsageError(ValueError):
+    """A flag or file combination that cannot work, found before any work is done (exit code 2)."""
+
+
+def _is_peer_failure(error: BaseException) -> bool:
+    """A collective that failed because another rank died or hung (gloo/NCCL/store errors)."""
+    import torch.distributed as dist
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "[gloo/",
+                                      "NCCL", "Timed out waiting", "timed out", "Broken pipe"))
+
+
+def _first_lines(error: BaseException) -> str:
+    """The cause in one line: a DataLoader worker's re-raised error keeps its first and last line."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    if len(lines) > 1 and "worker" in lines[0]:
+        return f"{lines[0]} {lines[-1]}"
+    return lines[0]
+
+
+def describe(error: BaseException) -> tuple[int, str]:
+    """(exit code, one-line cause) of an error that ended a run."""
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted"
+    if isinstance(error, user_errors()):
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        return EXIT_USAGE, str(message)
+    from volta_ml.atomic import WriteError
+    if isinstance(error, WriteError) or (isinstance(error, OSError) and error.errno in DISK_ERRNOS):
+        return EXIT_WRITE, str(error)
+    if isinstance(error, PermissionError):  # a path the user named that this process may not use
+        return EXIT_USAGE, str(error)
+    if _is_peer_failure(error):
+        return EXIT_CRASH, (f"another process of the job failed or stopped responding (its own log names the "
+                            f"cause): {_first_lines(error)}")
+    return EXIT_CRASH, f"{type(error).__name__}: {_first_lines(error)}"
+
+
+def stop_workers(timeout: float = 5.0) -> None:
+    """SIGKILL and reap this process's DataLoader workers (daemon children).
+
+    Workers ignore SIGTERM (a Slurm pre-emption signal must not kill them before the main
+    process saved), so multiprocessing's exit hook, which sends SIGTERM and waits, would wait
+    forever. PyTorch's SIGCHLD handler raises "DataLoader worker ... is killed" as soon as one
+    of them dies, which would stop this loop half-way: it is switched off while we reap.
+    """
+    try:
+        previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    except ValueError:  # not the main thread: PyTorch installed no handler here either
+        previous = None
+    try:
+        children = [child for child in multiprocessing.active_children() if child.daemon]
+        for child in children:
+            child.kill()
+        for child in children:
+            child.join(timeout=timeout)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGCHLD, previous)
+
+
+def fail(error: BaseException, prog: str) -> int:
+    """End a run after `error`: stop workers, leave the process group, report; returns the exit code."""
+    from volta_ml.engine.distributed import abort
+
+    code, cause = describe(error)
+    if code == EXIT_CRASH and not _is_peer_failure(error):
+        traceback.print_exception(error, file=sys.stderr)
+    stop_workers()
+    abort()
+    sys.stdout.flush()
+    print(f"{prog}: error: {cause}", file=sys.stderr, flush=True)
+    return code
