@@ -117,6 +117,23 @@ def stop_workers(timeout: float = 5.0) -> None:
             signal.signal(signal.SIGCHLD, previous)
 
 
+def _close_progress_bars() -> None:
+    """Close the progress bars the error left open, so that the cause stays the last stderr line."""
+    from tqdm import tqdm
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
+def die_with_parent(worker_id: int = 0) -> None:
+    """DataLoader `worker_init_fn`: the kernel SIGKILLs this worker when its main process dies, however it
+    dies (SIGKILL, OOM killer, a scheduler), instead of the worker noticing seconds later (Linux only)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def fail(error: BaseException, prog: str) -> int:
     """End a run after `error`: stop workers, leave the process group, report; returns the exit code."""
     from volta_ml.engine.distributed import abort
@@ -126,6 +143,7 @@ def fail(error: BaseException, prog: str) -> int:
         traceback.print_exception(error, file=sys.stderr)
     stop_workers()
     abort()
+    _close_progress_bars()
     sys.stdout.flush()
     print(f"{prog}: error: {cause}", file=sys.stderr, flush=True)
     return code

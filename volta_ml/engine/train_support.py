@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from volta_ml.engine.checkpointing import unwrap
 from volta_ml.engine.distributed import DistInfo, ResumableDistributedSampler, ShardSampler, all_reduce_sum
-from volta_ml.engine.failures import stop_workers
+from volta_ml.engine.failures import die_with_parent, stop_workers
 
 logger = logging.getLogger("volta_ml.train")
 
@@ -59,7 +59,9 @@ class PreemptionFlag:
 
 
 def _ignore_preemption_in_worker(worker_id: int) -> None:
-    # Slurm signals every process of the step; workers must outlive the main process's save.
+    # Slurm signals every process of the step; workers must outlive the main process's save,
+    # but not the main process itself.
+    die_with_parent(worker_id)
     for sig in PREEMPTION_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
