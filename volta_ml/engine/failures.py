@@ -143,7 +143,12 @@ def fail(error: BaseException, prog: str) -> int:
         traceback.print_exception(error, file=sys.stderr)
     stop_workers()
     abort()
+    report(prog, cause)
+    return code
+
+
+def report(prog: str, cause: str) -> None:
+    """`<prog>: error: <cause>` as the last stderr line (open progress bars are closed first)."""
     _close_progress_bars()
     sys.stdout.flush()
     print(f"{prog}: error: {cause}", file=sys.stderr, flush=True)
-    return code

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from volta_ml.engine.distributed import DistInfo, finish_process, init_distributed, shutdown
-from volta_ml.engine.failures import EXIT_NON_FINITE, fail
+from volta_ml.engine.failures import EXIT_NON_FINITE, fail, report
 from volta_ml.engine.logs import attach_stderr_handler
 from volta_ml.engine.train import TrainJob, train
 from volta_ml.engine.flags import VoltaArgumentParser
@@ -57,7 +57,7 @@ def _run(args, build_job: Callable[[object, DistInfo], TrainJob], prog: str) -> 
         return stop.exit_code
     except NonFiniteLoss as error:  # the loss is all-reduced: every rank sees it
         shutdown(info)
-        logger.error("%s", error)
+        report(prog, str(error))
         return EXIT_NON_FINITE
     except (Exception, KeyboardInterrupt) as error:
         return fail(error, prog)
