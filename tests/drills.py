@@ -99,32 +99,35 @@ def userns_tmpfs_available() -> bool:
 
 
 FULL_DISK_SCRIPT = r'''
-disk=$1; watch=$2; keep=$3; shift 3
+disk=$1; watch=$2; keep=$3; delay=$4; shift 4
 mount -t tmpfs -o size=4m tmpfs "$disk" || exit 97
 "$@" &
 pid=$!
 while [ ! -e "$watch" ] && kill -0 $pid 2>/dev/null; do sleep 0.02; done
+sleep "$delay"
 head -c 8000000 /dev/zero > "$disk/filler" 2>/dev/null    # the disk is full from here on
 wait $pid; rc=$?
 mkdir -p "$keep"; cp -a "$(dirname "$watch")"/. "$keep"/ 2>/dev/null; exit $rc
 '''
 
 READ_ONLY_SCRIPT = r'''
-disk=$1; watch=$2; keep=$3; shift 3
+disk=$1; watch=$2; keep=$3; delay=$4; shift 4
 "$@" &
 pid=$!
 while [ ! -e "$watch" ] && kill -0 $pid 2>/dev/null; do sleep 0.02; done
+sleep "$delay"
 chmod a-w "$(dirname "$watch")"                           # no new file can be created there
 wait $pid; rc=$?
 chmod u+w "$(dirname "$watch")"; mkdir -p "$keep"; cp -a "$(dirname "$watch")"/. "$keep"/; exit $rc
 '''
 
 
-def full_disk_argv(disk: Path, watch: Path, keep: Path, argv: list) -> list | None:
+def full_disk_argv(disk: Path, watch: Path, keep: Path, argv: list, delay: float = 0.0) -> list | None:
     """`argv` wrapped so that its output disk fills up (tiny tmpfs) or turns read-only (chmod, not as root)
-    once `watch` exists; the run folder is copied to `keep` afterwards. None if neither can be simulated."""
+    `delay` s after `watch` exists; watch's folder is copied to `keep` afterwards. None if neither works."""
+    where = [str(disk), str(watch), str(keep), str(delay)]
     if userns_tmpfs_available():
-        return ["unshare", "-rm", "sh", "-c", FULL_DISK_SCRIPT, "drill", str(disk), str(watch), str(keep), *argv]
+        return ["unshare", "-rm", "sh", "-c", FULL_DISK_SCRIPT, "drill", *where, *argv]
     if os.geteuid() != 0:
-        return ["sh", "-c", READ_ONLY_SCRIPT, "drill", str(disk), str(watch), str(keep), *argv]
+        return ["sh", "-c", READ_ONLY_SCRIPT, "drill", *where, *argv]
     return None

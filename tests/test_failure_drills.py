@@ -55,18 +55,20 @@ def test_training_fault_ends_the_job(tmp_path, fault, workers):
 
 @pytest.mark.parametrize("workers", [0, 2, 10])
 def test_full_disk_while_saving_keeps_the_last_checkpoint(tmp_path, workers):
+    """The disk fills up during epoch 1 (0.4 s after epoch 0's saves, epoch 1 takes >= 1.6 s): epoch 1's
+    save fails, epoch 0's resume file stays loadable."""
     disk = tmp_path / "disk"
     disk.mkdir()
     folder = disk / "save" / "Toy_toy"
-    argv = toy_argv(tmp_path, "--num_workers", str(workers), "--toy_sleep", "0.1", "--num_epoch", "2")
+    argv = toy_argv(tmp_path, "--num_workers", str(workers), "--toy_sleep", "0.2", "--num_epoch", "2")
     argv[argv.index("--output_dir") + 1] = str(disk / "save")
-    wrapped = full_disk_argv(disk, folder / ckpt.LATEST_NAME, tmp_path / "kept", argv)
+    wrapped = full_disk_argv(disk, folder / "pytorch_model_0.bin", tmp_path / "kept", argv, delay=0.4)
     if wrapped is None:
         pytest.skip("needs `unshare -rm` (user namespaces) for a tiny tmpfs, or a non-root user for chmod")
     result = drill(wrapped, toy_env(), tmp_path)
     assert_failed_cleanly(result, 4, "cannot write")
-    assert "is unchanged" in result.last_line
-    _check_last_good(tmp_path / "kept", resume_epoch=0)     # the initial save; epoch 0's could not be written
+    assert "pytorch_model_" in result.last_line and "is unchanged" in result.last_line
+    _check_last_good(tmp_path / "kept", resume_epoch=1)
 
 
 def _free_port() -> int:

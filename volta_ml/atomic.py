@@ -29,15 +29,15 @@ def _fsync_dir(directory: Path) -> None:
 class WriteError(OSError):
     """A file could not be written (disk full, read-only, quota): names the file, keeps the errno."""
 
-    def __init__(self, path: Path, cause: OSError):
+    def __init__(self, path: Path, cause: OSError, unchanged: bool = True):
         free = ""
         try:
             import shutil
             free = f", {shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free there"
         except OSError:
             pass
-        super().__init__(cause.errno, f"cannot write {path}: {cause.strerror or cause}{free}; "
-                                      f"the previous {path.name} (if any) is unchanged")
+        kept = f"; the previous {path.name} (if any) is unchanged" if unchanged else ""
+        super().__init__(cause.errno, f"cannot write {path}: {cause.strerror or cause}{free}{kept}")
         self.path = path
 
     def __str__(self) -> str:

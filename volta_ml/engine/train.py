@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 from tqdm import tqdm
 
+from volta_ml.atomic import WriteError
 from volta_ml.engine import checkpointing as ckpt
 from volta_ml.engine.distributed import DistInfo, all_reduce_sum, gather_objects, barrier
 from volta_ml.engine.optim import build_optimizer, build_scheduler, freeze_fixed_layers, schedule_lengths
@@ -63,8 +64,11 @@ class RunLog:
     def line(self, message: str) -> None:
         if self.enabled:
             logger.info(message)
-            self.text.write(message + "\n")
-            self.text.flush()
+            try:
+                self.text.write(message + "\n")
+                self.text.flush()
+            except OSError as error:  # a full disk: name the file (checkpoints are written atomically)
+                raise WriteError(Path(self.text.name), error, unchanged=False) from error
 
     def scalars(self, prefix: str, name: str, step: int, **values) -> None:
         if self.tb is not None:
@@ -75,7 +79,8 @@ class RunLog:
         if self.tb is not None:
             self.tb.close()
         if self.text is not None:
-            self.text.close()
+            with contextlib.suppress(OSError):  # the buffered line is lost when the disk is full
+                self.text.close()
 
 
 def per_step_batch_size(args, world_size: int) -> int:
