@@ -67,12 +67,16 @@ def detect_launch(env=os.environ) -> dict | None:
 
 def pick_device(requested: str | None, local_rank: int) -> torch.device:
     """`--device`: None/"auto" -> CUDA when available; "cuda" -> cuda:<local rank>; "cuda:N" as given."""
+    from volta_ml.engine.failures import UsageError
     if requested in (None, "", "auto"):
         requested = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(requested)
+    try:
+        device = torch.device(requested)
+    except RuntimeError as error:
+        raise UsageError(f"--device {requested}: {error}") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(f"--device {requested} was requested but torch sees no CUDA device")
+            raise UsageError(f"--device {requested} was requested but torch sees no CUDA device")
         if device.index is None:
             device = torch.device("cuda", max(local_rank, 0) % torch.cuda.device_count())
     return device

@@ -23,7 +23,9 @@ from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
 from volta_ml.engine.evaluate import EvalResult, evaluate
 from volta_ml.engine.failures import fail, user_errors  # noqa: F401 - user_errors: imported from here too
 from volta_ml.engine.flags import VoltaArgumentParser, add_eval_task_flags, resolve_tokenizer_args
+from volta_ml.engine import distributed
 from volta_ml.engine.logs import attach_stderr_handler
+from volta_ml.engine.preflight import check_text_fits
 from volta_ml.tasks import family_for
 from volta_ml.tasks.config import PathResolver, entry_path, get_task_entry, load_task_config
 from volta_ml.tasks.regions import open_region_view
@@ -53,9 +55,7 @@ def write_json(path: str, data) -> None:
 
 
 def pick_device(requested: str | None) -> torch.device:
-    if requested:
-        return torch.device(requested)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return distributed.pick_device(requested, 0)  # a bad or unavailable --device is a usage error
 
 
 def load_model(args, model_config, task_config: dict, task_id: str, device: torch.device):
@@ -107,6 +107,7 @@ def run_eval(args) -> EvalResult:
 
     device = pick_device(args.device)
     model = load_model(args, model_config, task_config, task_id, device)
+    check_text_fits(model, entry.get("max_seq_length"), args.config_file, task_id)
     batch_size = int(entry.get("eval_batch_size") or args.batch_size)  # the config wins, as in VOLTA
     num_iters = (len(dataset) + batch_size - 1) // batch_size
     print("***** Running evaluation *****")

@@ -82,12 +82,12 @@ def describe(error: BaseException) -> tuple[int, str]:
         return EXIT_INTERRUPTED, "interrupted"
     if isinstance(error, user_errors()):
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        return EXIT_USAGE, str(message)
+        return EXIT_USAGE, " ".join(line.strip() for line in str(message).splitlines() if line.strip())
     from volta_ml.atomic import WriteError
     if isinstance(error, WriteError) or (isinstance(error, OSError) and error.errno in DISK_ERRNOS):
         return EXIT_WRITE, str(error)
-    if isinstance(error, PermissionError):  # a path the user named that this process may not use
-        return EXIT_USAGE, str(error)
+    if isinstance(error, (PermissionError, NotADirectoryError, IsADirectoryError, FileExistsError)):
+        return EXIT_USAGE, str(error)  # a path the user named that cannot be used as such
     if _is_peer_failure(error):
         return EXIT_CRASH, (f"another process of the job failed or stopped responding (its own log names the "
                             f"cause): {_first_lines(error)}")

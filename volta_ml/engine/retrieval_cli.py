@@ -176,6 +176,7 @@ def run_eval_retrieval(args) -> dict | None:
     from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
     from volta_ml.engine.distributed import abort, barrier, init_distributed, shutdown
     from volta_ml.engine.eval_cli import write_json
+    from volta_ml.engine.preflight import check_text_fits
     from volta_ml.engine.retrieval import compute_score_matrix, save_array
     from volta_ml.models import load_config
     from volta_ml.tasks.common import TextSource
@@ -208,6 +209,7 @@ def run_eval_retrieval(args) -> dict | None:
         caption_image = np.array([c["image"] for c in captions], dtype=np.int64)
         gallery = gallery_tensors(view, images, progress=info.is_main)
         model = load_scoring_model(args, model_config, task_config, task_id, info.device)
+        check_text_fits(model, entry.get("max_seq_length", 80), args.config_file, task_id)
         if not args.pair_batch:
             args.pair_batch = 1024 if info.device.type == "cuda" else 256
         precision = args.precision or ("fp32" if not args.amp else "fp16" if info.device.type == "cuda" else "bf16")

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from volta_ml.atomic import WriteError
 from volta_ml.engine import checkpointing as ckpt
 from volta_ml.engine.distributed import DistInfo, all_reduce_sum, gather_objects, barrier
+from volta_ml.engine.failures import UsageError
 from volta_ml.engine.optim import build_optimizer, build_scheduler, freeze_fixed_layers, schedule_lengths
 from volta_ml.engine.train_support import (NonFiniteLoss, Precision, Preempted, PreemptionFlag, move_to_device,
                                            train_loader, val_loader, validate, as_tensor)
@@ -88,7 +89,7 @@ def per_step_batch_size(args, world_size: int) -> int:
     grad-accumulation steps and by the number of processes."""
     size = args.batch_size // args.grad_acc_steps // world_size
     if size < 1:
-        raise ValueError(f"batch size {args.batch_size} is smaller than gradient_accumulation_steps "
+        raise UsageError(f"batch size {args.batch_size} is smaller than gradient_accumulation_steps "
                          f"({args.grad_acc_steps}) x processes ({world_size})")
     return size
 
