@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import multiprocessing
+import re
 import signal
 import sys
 import traceback
@@ -62,8 +63,7 @@ def _is_peer_failure(error: BaseException) -> bool:
         return True
     text = str(error)
     return isinstance(error, RuntimeError) and any(
-        marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "[gloo/",
-                                      "NCCL", "Timed out waiting", "timed out", "Broken pipe"))
+        marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "gloo/", "NCCL"))
 
 
 def _first_lines(error: BaseException) -> str:
@@ -89,8 +89,8 @@ def describe(error: BaseException) -> tuple[int, str]:
     if isinstance(error, (PermissionError, NotADirectoryError, IsADirectoryError, FileExistsError)):
         return EXIT_USAGE, str(error)  # a path the user named that cannot be used as such
     if _is_peer_failure(error):
-        return EXIT_CRASH, (f"another process of the job failed or stopped responding (its own log names the "
-                            f"cause): {_first_lines(error)}")
+        detail = re.sub(r"^\[[^\]]*\]\s*", "", _first_lines(error)).split(". ")[0]  # no C++ source location
+        return EXIT_CRASH, f"another process of the job failed or stopped responding (its log names the cause): {detail}"
     return EXIT_CRASH, f"{type(error).__name__}: {_first_lines(error)}"
 
 
