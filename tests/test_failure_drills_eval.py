@@ -9,7 +9,6 @@ A NaN is a score there, not an error, so no NaN drill.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -18,17 +17,11 @@ import pytest
 
 from drills import assert_failed_cleanly, drill, full_disk_argv
 from eval_fixtures import FEATURE_DIM, build_checkpoint, tiny_config_file
-from tasks_fixtures import REPO, bert_uncased_dir, make_store, need_iglue, read_jsonl
+from tasks_fixtures import REPO, bert_uncased_dir, make_store, need_iglue, read_jsonl, write_jsonl
 
 TASKS = str(REPO / "config_tasks" / "iglue_test_tasks_boxes36.yml")
 ENTRY = str(REPO / "tests" / "drill_entry.py")
 PREVIOUS = '[{"previous": "result"}]'
-
-
-def _subset(dst, rows):
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return dst
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +35,8 @@ def site(tmp_path_factory):
              "TASK8": {"name": "RetrievalxFlickrCO", "type": "VL-logit", "num_labels": 1}}
     return {
         "tmp": tmp, "config": config, "bert": bert_uncased_dir(tmp),
-        "ve": _subset(tmp / "ve.jsonl", ve), "ve_store": make_store(tmp / "ve.lmdb", [r["Flikr30kID"] for r in ve]),
-        "captions": _subset(tmp / "xf.jsonl", captions),
+        "ve": write_jsonl(tmp / "ve.jsonl", ve), "ve_store": make_store(tmp / "ve.lmdb", [r["Flikr30kID"] for r in ve]),
+        "captions": write_jsonl(tmp / "xf.jsonl", captions),
         "xf_store": make_store(tmp / "xf.lmdb", [r["img_path"] for r in captions], FEATURE_DIM),
         "ckpt19": build_checkpoint(config, tasks, "TASK19", tmp / "ckpt19" / "pytorch_model_best.bin"),
         "ckpt8": build_checkpoint(config, tasks, "TASK8", tmp / "ckpt8" / "pytorch_model_best.bin"),

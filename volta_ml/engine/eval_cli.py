@@ -21,7 +21,7 @@ import torch
 from volta_ml.atomic import atomic_write_json
 from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
 from volta_ml.engine.evaluate import EvalResult, evaluate
-from volta_ml.engine.failures import fail, user_errors  # noqa: F401 - user_errors: imported from here too
+from volta_ml.engine.failures import fail
 from volta_ml.engine.flags import VoltaArgumentParser, add_eval_task_flags, resolve_tokenizer_args
 from volta_ml.engine import distributed
 from volta_ml.engine.logs import attach_stderr_handler
