@@ -32,23 +32,23 @@ EXIT_CODES = {
 DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG}
 
 
+# Errors caused by inputs (files, flags, configs), by module: reported as one line, exit code 2
+USER_ERRORS = {
+    "volta_ml.data": ("AnnotationError", "TokenizerLoadError"),
+    "volta_ml.tasks.common": ("MissingImageError",),
+    "volta_ml.tasks.config": ("TaskConfigError",),
+    "volta_ml.models": ("CheckpointError", "ConfigError"),
+    "volta_ml.features": ("FeatureStoreError",),
+}
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
-    """Errors caused by inputs (files, flags, configs): reported as one clear line instead of a traceback."""
-    from volta_ml.data import AnnotationError, TokenizerLoadError
-    from volta_ml.tasks.common import MissingImageError
-    from volta_ml.tasks.config import TaskConfigError
-    errors = [AnnotationError, TokenizerLoadError, MissingImageError, TaskConfigError, FileNotFoundError,
-              UsageError]
-    try:
-        from volta_ml.models import CheckpointError, ConfigError
-        errors += [CheckpointError, ConfigError]
-    except ImportError:
-        pass
-    try:
-        from volta_ml.features import FeatureStoreError
-        errors.append(FeatureStoreError)
-    except ImportError:
-        pass
+    """The input-error classes of the modules loaded so far (an error of a module never loaded cannot occur,
+    and classifying an error must not import torch)."""
+    errors = [FileNotFoundError, UsageError]
+    for module_name, names in USER_ERRORS.items():
+        module = sys.modules.get(module_name)
+        errors += [getattr(module, name) for name in names if hasattr(module, name)]
     return tuple(errors)
 
 
@@ -58,8 +58,8 @@ class UsageError(ValueError):
 
 def _is_peer_failure(error: BaseException) -> bool:
     """A collective that failed because another rank died or hung (gloo/NCCL/store errors)."""
-    import torch.distributed as dist
-    if isinstance(error, getattr(dist, "DistError", ())):
+    dist = sys.modules.get("torch.distributed")  # not imported: no process group either
+    if dist is not None and isinstance(error, getattr(dist, "DistError", ())):
         return True
     text = str(error)
     return isinstance(error, RuntimeError) and any(
@@ -94,8 +94,18 @@ def describe(error: BaseException) -> tuple[int, str]:
     return EXIT_CRASH, f"{type(error).__name__}: {_first_lines(error)}"
 
 
+def _dataloader_workers() -> list:
+    """This process's live DataLoader workers (no other child process is touched)."""
+    module = sys.modules.get("torch.utils.data._utils.worker")  # never imported: no DataLoader ran
+    if module is None:
+        return []
+    _worker_loop = module._worker_loop
+    return [child for child in multiprocessing.active_children()
+            if getattr(child, "_target", None) is _worker_loop]
+
+
 def stop_workers(timeout: float = 5.0) -> None:
-    """SIGKILL and reap this process's DataLoader workers (daemon children).
+    """SIGKILL and reap this process's DataLoader workers.
 
     Workers ignore SIGTERM (a Slurm pre-emption signal must not kill them before the main
     process saved), so multiprocessing's exit hook, which sends SIGTERM and waits, would wait
@@ -107,7 +117,7 @@ def stop_workers(timeout: float = 5.0) -> None:
     except ValueError:  # not the main thread: PyTorch installed no handler here either
         previous = None
     try:
-        children = [child for child in multiprocessing.active_children() if child.daemon]
+        children = _dataloader_workers()
         for child in children:
             child.kill()
         for child in children:
@@ -136,13 +146,13 @@ def die_with_parent(worker_id: int = 0) -> None:
 
 def fail(error: BaseException, prog: str) -> int:
     """End a run after `error`: stop workers, leave the process group, report; returns the exit code."""
-    from volta_ml.engine.distributed import abort
-
     code, cause = describe(error)
     if code == EXIT_CRASH and not _is_peer_failure(error):
         traceback.print_exception(error, file=sys.stderr)
     stop_workers()
-    abort()
+    if "torch.distributed" in sys.modules:  # else no process group can exist (and torch stays unloaded)
+        from volta_ml.engine.distributed import abort
+        abort()
     report(prog, cause)
     return code
 
