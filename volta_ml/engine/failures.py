@@ -10,6 +10,7 @@ and prints the cause as the last stderr line, `<prog>: error: <cause>`. The exit
 from __future__ import annotations
 
 import errno
+import gc
 import multiprocessing
 import re
 import signal
@@ -95,17 +96,19 @@ def describe(error: BaseException) -> tuple[int, str]:
 
 
 def _dataloader_workers() -> list:
-    """This process's live DataLoader workers (no other child process is touched)."""
-    module = sys.modules.get("torch.utils.data._utils.worker")  # never imported: no DataLoader ran
+    """The live workers of this process's DataLoader iterators (no other child process is touched; a
+    started Process no longer records its target, so the iterators are looked up)."""
+    module = sys.modules.get("torch.utils.data.dataloader")  # never imported: no DataLoader ran
     if module is None:
         return []
-    _worker_loop = module._worker_loop
-    return [child for child in multiprocessing.active_children()
-            if getattr(child, "_target", None) is _worker_loop]
+    iterator_type = module._MultiProcessingDataLoaderIter
+    return [worker for obj in gc.get_objects() if isinstance(obj, iterator_type)
+            for worker in getattr(obj, "_workers", ()) if worker.is_alive()]
 
 
-def stop_workers(timeout: float = 5.0) -> None:
-    """SIGKILL and reap this process's DataLoader workers.
+def stop_workers(timeout: float = 5.0, at_exit: bool = False) -> None:
+    """SIGKILL and reap this process's DataLoader workers (at interpreter exit: every daemon child, which
+    multiprocessing's own exit hook would SIGTERM anyway).
 
     Workers ignore SIGTERM (a Slurm pre-emption signal must not kill them before the main
     process saved), so multiprocessing's exit hook, which sends SIGTERM and waits, would wait
@@ -117,7 +120,8 @@ def stop_workers(timeout: float = 5.0) -> None:
     except ValueError:  # not the main thread: PyTorch installed no handler here either
         previous = None
     try:
-        children = _dataloader_workers()
+        children = ([c for c in multiprocessing.active_children() if c.daemon] if at_exit
+                    else _dataloader_workers())
         for child in children:
             child.kill()
         for child in children:

@@ -69,7 +69,7 @@ def _ignore_preemption_in_worker(worker_id: int) -> None:
 # At exit after an error that escaped `failures.fail` (embedded use), DataLoader workers may still be
 # alive (a traceback holds their iterator); multiprocessing would SIGTERM them, which they ignore,
 # and wait forever. This runs before multiprocessing's own exit hook (LIFO).
-atexit.register(stop_workers)
+atexit.register(stop_workers, at_exit=True)
 
 
 @dataclass
