@@ -102,7 +102,7 @@ def _dataloader_workers() -> list:
     if module is None:
         return []
     iterator_type = module._MultiProcessingDataLoaderIter
-    return [worker for obj in gc.get_objects() if isinstance(obj, iterator_type)
+    return [worker for obj in gc.get_objects() if issubclass(type(obj), iterator_type)  # no __class__ lookup
             for worker in getattr(obj, "_workers", ()) if worker.is_alive()]
 
 
