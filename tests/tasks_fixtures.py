@@ -83,3 +83,10 @@ def make_store(path: Path, image_ids, feature_dim: int = 16, fmt: str = "volta-l
 def read_jsonl(path: Path) -> list[dict]:
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def write_jsonl(dst: Path, rows) -> Path:
+    """`rows` as a JSON-lines file at `dst` (folders created)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return dst

@@ -11,6 +11,7 @@ import torch
 
 from eval_fixtures import FEATURE_DIM, build_checkpoint, tiny_config_file
 from tasks_fixtures import REPO, bert_uncased_dir, make_store, need_iglue, read_jsonl
+from tasks_fixtures import write_jsonl as subset
 from volta_ml.tasks.retrieval_metrics import image_retrieval_ranks, read_final_lines, recall_metrics
 
 TASKS_YAML = REPO / "config_tasks" / "iglue_test_tasks_boxes36.yml"
@@ -21,12 +22,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def subset(dst, rows):
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return dst
 
 
 @pytest.fixture(scope="module")

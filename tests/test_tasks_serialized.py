@@ -91,3 +91,9 @@ def test_wit_from_serialized_store(tmp_path, bert):
     assert dataset.images == ids
     assert [c["text"] for c in dataset.records] == [last_caption[i] for i in ids]
     assert dataset[0]["input_imgs"].shape == (4, 37, 16)
+    # split `train` with a dataroot that has no hard_negative.pkl: VOLTA's serialized loader never reads it
+    # (the per-image Flickr30k/COCO path still requires it: tests/test_tasks_data.py)
+    (tmp_path / "wit").mkdir()
+    train = retrieval.build_dataset(dict(entry, dataroot=str(tmp_path / "wit")), "train", bert, view,
+                                    annotation_path=str(path))
+    assert train.hard_negatives is None and len(train) == len(ids)

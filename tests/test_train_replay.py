@@ -4,7 +4,8 @@ The commands are run by bash from a stand-in `volta/` folder exactly as the scri
 cluster prefixes are rewritten (`$HF`, `$CKPT`, `$DATA`, `$LOGS` point into a tmp dir) and the data are
 the real IGLUE annotation files with generated feature stores and a tiny model. Files the public
 repositories lack (English XVNLI train/dev, the xGQA pickles) are stood in for by other real files.
-T2/T3 (serialized NLVR2/GQA/WIT training LMDBs) are not replayed: the task layer reads per-image stores.
+T3 (WIT, serialized training stores, no hard_negative.pkl) is replayed on generated td-LMDB stores; T2
+(serialized NLVR2/GQA) is not.
 """
 from __future__ import annotations
 
@@ -61,6 +62,14 @@ def _build_data(data):
                          read_jsonl(IGLUE / "flickr30k/annotations/valid_ann.jsonl")[:40])
     make_store(data / "flickr30k/features/flickr30k_boxes36.lmdb",
                sorted(ve_ids | {int(r["img_path"].split(".")[0]) for r in read_jsonl(valid)}), FEATURE_DIM)
+
+    # WIT (T3): serialized train/val stores, one record per image; train_en.jsonl is not public (test_en
+    # stands in) and the public tree has no wit/hard_negative.pkl, nor does VOLTA's serialized loader read one
+    for split, source, count in (("train", "test_en", 64), ("val", "val_en", 24)):
+        rows = read_jsonl(IGLUE / f"wit/annotations/{source}.jsonl")[:count]
+        _write_jsonl(data / f"wit/annotations/{split}_en.jsonl", rows)
+        make_store(data / f"wit/features/wit-en_{split}_boxes36.lmdb", [r["wit_ix"] for r in rows], FEATURE_DIM,
+                   fmt="td-lmdb")
 
     ans2label = json.loads((IGLUE / "gqa/annotations/trainval_ans2label.json").read_text(encoding="utf-8"))
     for name in ("trainval_ans2label.json", "trainval_label2ans.json"):
@@ -202,3 +211,21 @@ def test_t1_english_fine_tuning_from_the_trainval_config(site):
     run = site[1]["CKPT"] / "zero_shot/xvnli/ctrl_uniter/XVNLI_ctrl_uniter_base"
     assert len(re.findall(r"Validation \[XVNLI\]", (run / "out.txt").read_text())) == 10
     assert {"pytorch_model_best.bin", "pytorch_model_9.bin", "pytorch_ckpt_latest.tar"} <= {p.name for p in run.iterdir()}
+
+
+def test_t3_wit_serialized_training_needs_no_hard_negatives(site):
+    """WIT English fine-tuning (train.dtu.sh): serialized stores, split `train`, 20 workers, mid-epoch eval steps."""
+    assert not (site[1]["DATA"] / "wit/hard_negative.pkl").exists()
+    body = f"""
+{_python()} train_task.py {TOK} --config_file {CFG} \\
+  --from_pretrained $CKPT/pretrain/ctrl_uniter/ctrl_uniter_base/pytorch_model_9.bin \\
+  --tasks_config_file {TRAINVAL} --task 20 --gradient_accumulation_steps 4 \\
+  --num_workers 20 --num_val_workers 20 {ADAM} --optim_train_epochs 2 --eval_steps 1000 \\
+  --output_dir $CKPT/zero_shot/wit/ctrl_uniter --logdir $LOGS/wit/ctrl_uniter_base
+"""
+    _, proc = _replay(site, "zero_shot/wit/ctrl_uniter", body)
+    assert BEST_LINE.fullmatch(proc.stdout.splitlines()[-1])
+    assert "16 per step x 4 accumulation x 1 processes = 64 effective" in proc.stderr
+    run = site[1]["CKPT"] / "zero_shot/wit/ctrl_uniter/RetrievalWIT_ctrl_uniter_base"
+    assert len(re.findall(r"Validation \[RetrievalWIT\]", (run / "out.txt").read_text())) == 2
+    assert {"pytorch_model_best.bin", "pytorch_model_1.bin", "pytorch_ckpt_latest.tar"} <= {p.name for p in run.iterdir()}

@@ -26,20 +26,43 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+class WriteError(OSError):
+    """A file could not be written (disk full, read-only, quota): names the file, keeps the errno."""
+
+    def __init__(self, path: Path, cause: OSError, unchanged: bool = True):
+        free = ""
+        try:
+            import shutil
+            free = f", {shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free there"
+        except OSError:
+            pass
+        kept = f"; the previous {path.name} (if any) is unchanged" if unchanged else ""
+        super().__init__(cause.errno, f"cannot write {path}: {cause.strerror or cause}{free}{kept}")
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
 @contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
     """`with atomic_open(path, "w") as f: ...` — `path` appears only once the block has succeeded."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as error:
+        raise WriteError(path, error) from error
     try:
         with os.fdopen(fd, mode, encoding=encoding if "b" not in mode else None) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError) and not isinstance(error, WriteError) and error.errno is not None:
+            raise WriteError(path, error) from error
         raise
     _fsync_dir(path.parent)
 

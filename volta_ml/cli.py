@@ -43,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    from volta_ml.engine.failures import fail
+    try:
+        return int(args.func(args) or 0)
+    except (Exception, KeyboardInterrupt) as error:  # one line (exit 2 for usage errors), never a bare traceback
+        return fail(error, f"volta-ml {args.command}")
 
 
 if __name__ == "__main__":

@@ -46,9 +46,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from volta_ml.demo.pipeline import run_demo
 
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s -   %(message)s",
-                        datefmt="%m/%d/%Y %H:%M:%S", level=logging.WARNING if args.quiet else logging.INFO,
-                        stream=sys.stderr, force=True)
+    from volta_ml.engine.logs import attach_stderr_handler
+    attach_stderr_handler(logging.getLogger(), logging.WARNING if args.quiet else logging.INFO)
     try:
         run_demo(args.out, size=args.size, seed=args.seed, threads=args.threads, progress=not args.quiet)
     except (FileNotFoundError, RuntimeError) as err:

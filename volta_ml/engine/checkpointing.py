@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from volta_ml.atomic import atomic_open
+from volta_ml.engine.failures import UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -131,9 +132,13 @@ def load_latest(path: str | os.PathLike) -> dict:
         logger.warning("%s is not a plain-tensor checkpoint (%s); loading it as a VOLTA checkpoint "
                        "with full unpickling, which runs code stored in the file: only resume from "
                        "files you trust", path, type(error).__name__)
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as unreadable:  # noqa: BLE001 - any reader error means: not a checkpoint
+            raise UsageError(f"--resume_file {path}: not a readable training checkpoint "
+                             f"({type(unreadable).__name__}: {unreadable})") from None
     if not isinstance(state, dict) or "model_state_dict" not in state:
-        raise ValueError(f"{path}: not a training checkpoint (no 'model_state_dict' key)")
+        raise UsageError(f"--resume_file {path}: not a training checkpoint (no 'model_state_dict' key)")
     if state.get("format") != FORMAT:
         epoch_id = int(state.get("epoch_id", -1))
         state = {

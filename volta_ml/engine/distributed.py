@@ -6,6 +6,10 @@
   derived from the job id, so every task computes the same values.
 - otherwise one process; `--local_rank` from old launch scripts only picks the GPU.
 Only rank 0 writes files and logs.
+
+A collective waits at most `VOLTA_ML_DIST_TIMEOUT` seconds (default 600, PyTorch's own default is
+30 minutes) for the other ranks; a rank that fails leaves the group with `abort()` and exits at once,
+which ends the peers' collectives within seconds (docs/training.md, "When things go wrong").
 """
 from __future__ import annotations
 
@@ -63,15 +67,36 @@ def detect_launch(env=os.environ) -> dict | None:
 
 def pick_device(requested: str | None, local_rank: int) -> torch.device:
     """`--device`: None/"auto" -> CUDA when available; "cuda" -> cuda:<local rank>; "cuda:N" as given."""
+    from volta_ml.engine.failures import UsageError
     if requested in (None, "", "auto"):
         requested = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(requested)
+    try:
+        device = torch.device(requested)
+    except RuntimeError as error:
+        raise UsageError(f"--device {requested}: {error}") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(f"--device {requested} was requested but torch sees no CUDA device")
+            raise UsageError(f"--device {requested} was requested but torch sees no CUDA device")
         if device.index is None:
             device = torch.device("cuda", max(local_rank, 0) % torch.cuda.device_count())
     return device
+
+
+DEFAULT_TIMEOUT_S = 600
+
+
+def collective_timeout(env=os.environ) -> timedelta:
+    """`VOLTA_ML_DIST_TIMEOUT` seconds (default 600): how long a rank waits in a collective for the others.
+    It bounds the wait for a rank that hangs without dying; a rank that dies is noticed at once."""
+    raw = env.get("VOLTA_ML_DIST_TIMEOUT", "")
+    from volta_ml.engine.failures import UsageError
+    try:
+        seconds = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise UsageError(f"VOLTA_ML_DIST_TIMEOUT={raw!r}: expected a number of seconds") from None
+    if not seconds > 0:
+        raise UsageError(f"VOLTA_ML_DIST_TIMEOUT={raw!r}: must be a positive number of seconds")
+    return timedelta(seconds=seconds)
 
 
 def init_distributed(local_rank_flag: int = -1, device: str | None = None) -> DistInfo:
@@ -88,7 +113,7 @@ def init_distributed(local_rank_flag: int = -1, device: str | None = None) -> Di
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", init_method="env://",
                                 rank=launch["rank"], world_size=launch["world_size"],
-                                timeout=timedelta(minutes=30))
+                                timeout=collective_timeout())
     return DistInfo(rank=launch["rank"], world_size=launch["world_size"], local_rank=launch["local_rank"],
                     device=dev, initialized=True)
 
@@ -104,6 +129,25 @@ def shutdown(info: DistInfo) -> None:
             dist.barrier()
         dist.destroy_process_group()
         _MULTI_PROCESS_RUN_ENDED = info.world_size > 1
+
+
+def abort() -> None:
+    """After an error on this rank: leave the process group without a collective (a barrier here would
+    wait for ranks that are busy elsewhere), so the process can exit and its peers' collectives fail
+    at once instead of waiting for the timeout. `finish_process` then exits without interpreter teardown."""
+    global _MULTI_PROCESS_RUN_ENDED
+    if not dist.is_initialized():
+        return
+    multi = dist.get_world_size() > 1
+    try:
+        if dist.get_backend() == "nccl":
+            from torch.distributed.distributed_c10d import _abort_process_group
+            _abort_process_group()  # NCCL kernels may be stuck waiting on a peer: abort them
+        else:
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the group is broken anyway; the process exits next
+        pass
+    _MULTI_PROCESS_RUN_ENDED = _MULTI_PROCESS_RUN_ENDED or multi
 
 
 def finish_process(code: int) -> int:

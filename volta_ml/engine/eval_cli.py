@@ -21,26 +21,23 @@ import torch
 from volta_ml.atomic import atomic_write_json
 from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
 from volta_ml.engine.evaluate import EvalResult, evaluate
+from volta_ml.engine.failures import fail
 from volta_ml.engine.flags import VoltaArgumentParser, add_eval_task_flags, resolve_tokenizer_args
+from volta_ml.engine import distributed
+from volta_ml.engine.logs import attach_stderr_handler
+from volta_ml.engine.preflight import check_text_fits
 from volta_ml.tasks import family_for
 from volta_ml.tasks.config import PathResolver, entry_path, get_task_entry, load_task_config
 from volta_ml.tasks.regions import open_region_view
 
 logger = logging.getLogger("volta_ml.eval_task")
-LOG_FORMAT = "%(asctime)s - %(levelname)s - %(name)s -   %(message)s"
 
 
 def setup_logging() -> None:
-    """Log lines go to the *current* stderr (the IGLUE scrapers read them from the job's .err file)."""
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%m/%d/%Y %H:%M:%S"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-    for handler in logger.handlers:
-        if isinstance(handler, logging.StreamHandler):
-            handler.stream = sys.stderr
+    """Log lines go to the *current* stderr (the IGLUE scrapers read them from the job's .err file);
+    only volta-ml's own handler is touched (pytest's or an embedding program's stay as they are)."""
+    attach_stderr_handler(logger, logging.INFO)
+    logger.propagate = False
 
 
 def result_dir(output_dir: str, from_pretrained: str, save_name: str) -> str:
@@ -58,9 +55,7 @@ def write_json(path: str, data) -> None:
 
 
 def pick_device(requested: str | None) -> torch.device:
-    if requested:
-        return torch.device(requested)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return distributed.pick_device(requested, 0)  # a bad or unavailable --device is a usage error
 
 
 def load_model(args, model_config, task_config: dict, task_id: str, device: torch.device):
@@ -112,6 +107,7 @@ def run_eval(args) -> EvalResult:
 
     device = pick_device(args.device)
     model = load_model(args, model_config, task_config, task_id, device)
+    check_text_fits(model, entry.get("max_seq_length"), args.config_file, task_id)
     batch_size = int(entry.get("eval_batch_size") or args.batch_size)  # the config wins, as in VOLTA
     num_iters = (len(dataset) + batch_size - 1) // batch_size
     print("***** Running evaluation *****")
@@ -140,32 +136,12 @@ def run_eval(args) -> EvalResult:
     return result
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Errors caused by inputs (files, flags, configs): reported as one clear line instead of a traceback."""
-    from volta_ml.data import AnnotationError, TokenizerLoadError
-    from volta_ml.tasks.common import MissingImageError
-    from volta_ml.tasks.config import TaskConfigError
-    errors = [AnnotationError, TokenizerLoadError, MissingImageError, TaskConfigError, FileNotFoundError]
-    try:
-        from volta_ml.models import CheckpointError, ConfigError
-        errors += [CheckpointError, ConfigError]
-    except ImportError:
-        pass
-    try:
-        from volta_ml.features import FeatureStoreError
-        errors.append(FeatureStoreError)
-    except ImportError:
-        pass
-    return tuple(errors)
-
-
 def run_checked(args, prog: str) -> int:
+    """Exit status: 0, or `volta_ml.engine.failures.EXIT_CODES` with the cause as the last stderr line."""
     try:
         run_eval(args)
-    except user_errors() as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        return 2
+    except (Exception, KeyboardInterrupt) as error:
+        return fail(error, prog)
     return 0
 
 

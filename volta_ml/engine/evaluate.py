@@ -16,6 +16,8 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from volta_ml.engine.failures import die_with_parent
+
 from volta_ml.tasks.common import model_device
 
 
@@ -35,7 +37,7 @@ def make_loader(dataset, batch_size: int, num_workers: int = 0, drop_last: bool 
                 pin_memory: bool = False) -> DataLoader:
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=sampler, num_workers=num_workers,
                       collate_fn=dataset.collate_fn, drop_last=drop_last, pin_memory=pin_memory,
-                      persistent_workers=False)
+                      persistent_workers=False, worker_init_fn=die_with_parent if num_workers else None)
 
 
 def autocast_context(device: torch.device, amp: bool):

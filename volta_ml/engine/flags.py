@@ -18,6 +18,17 @@ import warnings
 VOLTA_DEFAULT_TOKENIZER = "bert-base-uncased"
 
 
+def int_at_least(minimum: int):
+    """argparse `type`: an integer >= minimum (a usage error, exit code 2, otherwise)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
 class VoltaArgumentParser(argparse.ArgumentParser):
     """argparse with VOLTA-friendly errors. Also usable as a `volta-ml` subcommand parser: set
     `sub.__class__ = VoltaArgumentParser` after `add_parser` (argparse offers no other hook)."""
@@ -97,10 +108,10 @@ def add_eval_task_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--val_annotations_jsonpath", type=str, default="")
     group.add_argument("--val_features_lmdbpath", type=str, default="")
     group.add_argument("--split", type=str, default="", help="split name and result-file prefix")
-    group.add_argument("--batch_size", type=int, default=30,
+    group.add_argument("--batch_size", type=int_at_least(1), default=30,
                        help="used only when the task config has no eval_batch_size (as VOLTA)")
     group.add_argument("--num_workers", type=int, default=16, help="unused by evaluation (as VOLTA)")
-    group.add_argument("--num_val_workers", type=int, default=2, help="evaluation DataLoader workers")
+    group.add_argument("--num_val_workers", type=int_at_least(0), default=2, help="evaluation DataLoader workers")
     group.add_argument("--use_chunk", type=float, default=0, help="unused (as VOLTA)")
     add_volta_ml_flags(parser)
 

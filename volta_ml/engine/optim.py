@@ -17,6 +17,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from volta_ml.engine.failures import UsageError
+
 NO_DECAY_MARKERS = ("bias", "LayerNorm.bias", "LayerNorm.weight")
 
 
@@ -60,7 +62,8 @@ class VoltaAdamW(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True):
         if lr < 0.0 or eps < 0.0 or not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"invalid AdamW hyper-parameters: lr={lr}, betas={betas}, eps={eps}")
+            raise UsageError(f"invalid AdamW hyper-parameters (--lr, --adam_betas, --adam_epsilon): lr={lr}, "
+                             f"betas={betas}, eps={eps}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, correct_bias=correct_bias)
         super().__init__(params, defaults)
 
@@ -117,18 +120,18 @@ def build_optimizer(model: nn.Module, args, device: torch.device) -> torch.optim
     """The optimizer named by `--optim` / `--adam_impl` over the model's trainable tensors."""
     groups = parameter_groups(model, args.weight_decay)
     if not groups:
-        raise ValueError("no trainable parameters: every parameter is frozen by fixed_layers")
+        raise UsageError("no trainable parameters: every parameter is frozen by fixed_layers")
     betas = tuple(args.adam_betas)
     if len(betas) != 2:
-        raise ValueError(f"--adam_betas needs exactly two values, got {list(args.adam_betas)}")
+        raise UsageError(f"--adam_betas needs exactly two values, got {list(args.adam_betas)}")
     if args.optim == "RAdam":
         return torch.optim.RAdam(groups, lr=args.lr, betas=betas, eps=args.adam_epsilon,
                                  weight_decay=args.weight_decay, decoupled_weight_decay=True)
     if args.optim != "AdamW":
-        raise ValueError(f"--optim must be AdamW or RAdam, got {args.optim!r}")
+        raise UsageError(f"--optim must be AdamW or RAdam, got {args.optim!r}")
     if args.adam_impl == "torch":
         if not args.adam_correct_bias:
-            raise ValueError("--adam_impl torch always corrects the bias; pass --adam_correct_bias or use --adam_impl volta")
+            raise UsageError("--adam_impl torch always corrects the bias; pass --adam_correct_bias or use --adam_impl volta")
         return torch.optim.AdamW(groups, lr=args.lr, betas=betas, eps=args.adam_epsilon,
                                  weight_decay=args.weight_decay, fused=device.type == "cuda")
     return VoltaAdamW(groups, lr=args.lr, betas=betas, eps=args.adam_epsilon,

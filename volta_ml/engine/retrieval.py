@@ -18,13 +18,13 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from volta_ml.atomic import atomic_open
 from volta_ml.engine.distributed import DistInfo, barrier, gather_objects
 from volta_ml.engine.retrieval_scorer import IMAGE_KEYS, PairScorer
 
@@ -111,16 +111,8 @@ def _diff(old: dict, new: dict) -> str:
 
 
 def _atomic_write(path: str, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_open(path, "wb") as handle:  # a full disk raises WriteError naming `path`
+        write(handle)
 
 
 def save_array(path: str, array: np.ndarray) -> None:

@@ -174,8 +174,9 @@ def print_report(scores: np.ndarray, caption_image: np.ndarray, args) -> dict:
 
 def run_eval_retrieval(args) -> dict | None:
     from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
-    from volta_ml.engine.distributed import barrier, init_distributed, shutdown
+    from volta_ml.engine.distributed import abort, barrier, init_distributed, shutdown
     from volta_ml.engine.eval_cli import write_json
+    from volta_ml.engine.preflight import check_text_fits
     from volta_ml.engine.retrieval import compute_score_matrix, save_array
     from volta_ml.models import load_config
     from volta_ml.tasks.common import TextSource
@@ -208,6 +209,7 @@ def run_eval_retrieval(args) -> dict | None:
         caption_image = np.array([c["image"] for c in captions], dtype=np.int64)
         gallery = gallery_tensors(view, images, progress=info.is_main)
         model = load_scoring_model(args, model_config, task_config, task_id, info.device)
+        check_text_fits(model, entry.get("max_seq_length", 80), args.config_file, task_id)
         if not args.pair_batch:
             args.pair_batch = 1024 if info.device.type == "cuda" else 256
         precision = args.precision or ("fp32" if not args.amp else "fp16" if info.device.type == "cuda" else "bf16")
@@ -245,24 +247,22 @@ def run_eval_retrieval(args) -> dict | None:
         if not args.keep_chunks:
             shutil.rmtree(work_dir, ignore_errors=True)   # everything it held is in <split>_scores.npy now
         return report
+    except BaseException:
+        abort()  # no barrier with ranks that are still working: they fail at their next collective
+        raise
     finally:
-        shutdown(info)
+        shutdown(info)  # nothing left to do after abort()
 
 
 def run_checked(args, prog: str) -> int:
+    """Exit status: 0, or `volta_ml.engine.failures.EXIT_CODES` with the cause as the last stderr line."""
     from volta_ml.engine.distributed import finish_process
-    from volta_ml.engine.eval_cli import user_errors
-    from volta_ml.engine.retrieval_scorer import ScorerSetupError
+    from volta_ml.engine.failures import fail
 
     try:
         run_eval_retrieval(args)
-    except user_errors() as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        return finish_process(2)
-    except ScorerSetupError as err:   # e.g. --zero_shot on a model without a matching head
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        return finish_process(2)
+    except (Exception, KeyboardInterrupt) as error:
+        return finish_process(fail(error, prog))
     return finish_process(0)
 
 

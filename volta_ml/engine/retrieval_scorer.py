@@ -18,6 +18,7 @@ from contextlib import nullcontext
 
 import torch
 
+from volta_ml.engine.failures import UsageError
 from volta_ml.models import VLBertModel, itm_match_score
 from volta_ml.models.modeling import fuse
 
@@ -26,8 +27,8 @@ IMAGE_KEYS = ("input_imgs", "image_loc", "image_attention_mask")
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class ScorerSetupError(ValueError):
-    """The model cannot produce the requested scores (no such head)."""
+class ScorerSetupError(UsageError):
+    """The model cannot produce the requested scores (no such head): a usage error (exit code 2)."""
 
 
 def used_width(mask: torch.Tensor) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from volta_ml.engine.distributed import DistInfo, barrier
 from volta_ml.engine.flags import resolve_tokenizer_args
+from volta_ml.engine.preflight import check_text_fits
 from volta_ml.engine.train import TrainJob
 
 logger = logging.getLogger("volta_ml.train")
@@ -92,6 +93,7 @@ def build_task_job(args, info: DistInfo) -> TrainJob:
                                                               args.val_annotations_jsonpath), seed=args.seed)
 
     model = build_model(model_config, task_config, [task_id], kind="tasks")
+    check_text_fits(model, entry.get("max_seq_length"), args.config_file, task_id)
     if not os.path.isfile(args.from_pretrained):
         raise FileNotFoundError(f"--from_pretrained {args.from_pretrained}: checkpoint not found (volta-ml never "
                                 f"downloads weights)")

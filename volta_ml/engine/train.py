@@ -25,8 +25,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 from tqdm import tqdm
 
+from volta_ml.atomic import WriteError
 from volta_ml.engine import checkpointing as ckpt
 from volta_ml.engine.distributed import DistInfo, all_reduce_sum, gather_objects, barrier
+from volta_ml.engine.failures import UsageError
 from volta_ml.engine.optim import build_optimizer, build_scheduler, freeze_fixed_layers, schedule_lengths
 from volta_ml.engine.train_support import (NonFiniteLoss, Precision, Preempted, PreemptionFlag, move_to_device,
                                            train_loader, val_loader, validate, as_tensor)
@@ -63,8 +65,11 @@ class RunLog:
     def line(self, message: str) -> None:
         if self.enabled:
             logger.info(message)
-            self.text.write(message + "\n")
-            self.text.flush()
+            try:
+                self.text.write(message + "\n")
+                self.text.flush()
+            except OSError as error:  # a full disk: name the file (checkpoints are written atomically)
+                raise WriteError(Path(self.text.name), error, unchanged=False) from error
 
     def scalars(self, prefix: str, name: str, step: int, **values) -> None:
         if self.tb is not None:
@@ -75,7 +80,8 @@ class RunLog:
         if self.tb is not None:
             self.tb.close()
         if self.text is not None:
-            self.text.close()
+            with contextlib.suppress(OSError):  # the buffered line is lost when the disk is full
+                self.text.close()
 
 
 def per_step_batch_size(args, world_size: int) -> int:
@@ -83,7 +89,7 @@ def per_step_batch_size(args, world_size: int) -> int:
     grad-accumulation steps and by the number of processes."""
     size = args.batch_size // args.grad_acc_steps // world_size
     if size < 1:
-        raise ValueError(f"batch size {args.batch_size} is smaller than gradient_accumulation_steps "
+        raise UsageError(f"batch size {args.batch_size} is smaller than gradient_accumulation_steps "
                          f"({args.grad_acc_steps}) x processes ({world_size})")
     return size
 

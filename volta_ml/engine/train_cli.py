@@ -4,7 +4,9 @@ Exit status: 0 when training finished (the last output line is then
 `Best Validation score: X `), 128+signal after SIGTERM/SIGUSR1 saved the resume file
 (143 / 138: schedulers treat it as "killed", so a requeued job resumes with the same
 command when it passes --resume_file <run dir>/pytorch_ckpt_latest.tar), 3 when the
-loss became NaN/inf, 2 for usage errors (argparse).
+loss became NaN/inf, 2 for usage errors, 1 for a crash, 4 when a checkpoint could not be
+written (`volta_ml.engine.failures.EXIT_CODES`). Any error ends the process at once, its
+DataLoader workers too, with the cause as the last stderr line.
 """
 from __future__ import annotations
 
@@ -17,20 +19,19 @@ import numpy as np
 import torch
 
 from volta_ml.engine.distributed import DistInfo, finish_process, init_distributed, shutdown
+from volta_ml.engine.failures import EXIT_NON_FINITE, fail, report
+from volta_ml.engine.logs import attach_stderr_handler
 from volta_ml.engine.train import TrainJob, train
 from volta_ml.engine.flags import VoltaArgumentParser
 from volta_ml.engine.train_flags import add_train_flags, parse_train_args
 from volta_ml.engine.train_support import NonFiniteLoss, Preempted
 
 logger = logging.getLogger("volta_ml.train")
-EXIT_NON_FINITE = 3
 
 
 def setup_logging(info: DistInfo) -> None:
-    # VOLTA's logger format; only rank 0 reports progress.
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s -   %(message)s",
-                        datefmt="%m/%d/%Y %H:%M:%S", level=logging.INFO if info.is_main else logging.WARNING,
-                        stream=sys.stderr, force=True)
+    # VOLTA's logger format on the root logger (every library's lines); only rank 0 reports progress.
+    attach_stderr_handler(logging.getLogger(), logging.INFO if info.is_main else logging.WARNING)
 
 
 def seed_everything(seed: int) -> None:
@@ -39,25 +40,28 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run(args, build_job: Callable[[object, DistInfo], TrainJob]) -> int:
-    return finish_process(_run(args, build_job))
+def run(args, build_job: Callable[[object, DistInfo], TrainJob], prog: str = "train_task.py") -> int:
+    return finish_process(_run(args, build_job, prog))
 
 
-def _run(args, build_job: Callable[[object, DistInfo], TrainJob]) -> int:
-    info = init_distributed(args.local_rank, args.device)
-    setup_logging(info)
-    seed_everything(args.seed)
+def _run(args, build_job: Callable[[object, DistInfo], TrainJob], prog: str) -> int:
     try:
+        info = init_distributed(args.local_rank, args.device)
+        setup_logging(info)
+        seed_everything(args.seed)
         job = build_job(args, info)
         best = train(job, args, info)
-    except Preempted as stop:
+    except Preempted as stop:  # every rank stops at the same step: the group ends normally
+        shutdown(info)
         logger.warning("%s", stop)
         return stop.exit_code
-    except NonFiniteLoss as error:
-        logger.error("%s", error)
-        return EXIT_NON_FINITE
-    finally:
+    except NonFiniteLoss as error:  # the loss is all-reduced: every rank sees it
         shutdown(info)
+        report(prog, str(error))
+        return EXIT_NON_FINITE
+    except (Exception, KeyboardInterrupt) as error:
+        return fail(error, prog)
+    shutdown(info)
     if info.is_main:
         sys.stderr.flush()
         # the few-shot scripts read field 4 of the last log line
@@ -79,7 +83,7 @@ def register(subparsers) -> None:
                                    description="Fine-tune a VOLTA model on one task; same flags as train_task.py.")
     parser.__class__ = VoltaArgumentParser  # nearest-flag suggestions and the trailing 'deactivate' rule
     add_train_flags(parser)
-    parser.set_defaults(func=lambda args: run(args, build_task_job))
+    parser.set_defaults(func=lambda args: run(args, build_task_job, "volta-ml train"))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from volta_ml.engine.flags import VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags
+from volta_ml.engine.flags import (
+    VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags, int_at_least,
+)
 
 
 def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -31,27 +33,27 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--logdir", default="logs", help="TensorBoard root")
     add("--save_name", default="", help="suffix -<save_name> of the run directory")
     add("--save_best_only", action="store_true", help="no per-epoch pytorch_model_<epoch>.bin on non-best epochs")
-    add("--save_every_num_epochs", type=int, default=1, help="save non-best epochs when (epoch+1) %% N == 0")
+    add("--save_every_num_epochs", type=int_at_least(1), default=1, help="save non-best epochs when (epoch+1) %% N == 0")
     add("--train_split", default="", help="overrides the task config train_split")
     add("--val_split", default="", help="overrides the task config val_split")
     add("--train_annotations_jsonpath", default="", help="overrides the training annotations path")
     add("--val_annotations_jsonpath", default="", help="overrides the validation annotations path")
     add("--train_features_lmdbpath", default="", help="feature store for the training set only")
-    add("--num_epoch", type=int, default=None, help="epochs to run (default: the task config num_epoch)")
-    add("--optim_train_epochs", type=int, default=20, help="epochs used ONLY to size the LR schedule")
-    add("--gradient_accumulation_steps", dest="grad_acc_steps", type=int, default=1,
+    add("--num_epoch", type=int_at_least(0), default=None, help="epochs to run (default: the task config num_epoch)")
+    add("--optim_train_epochs", type=int_at_least(1), default=20, help="epochs used ONLY to size the LR schedule")
+    add("--gradient_accumulation_steps", dest="grad_acc_steps", type=int_at_least(1), default=1,
         help="micro-batches per optimizer step; the batch size is divided by it")
-    add("--batch_size", type=int, default=None, help="effective batch (default: task config batch_size)")
-    add("--eval_batch_size", type=int, default=None, help="validation batch (default: task config, then train batch)")
+    add("--batch_size", type=int_at_least(1), default=None, help="effective batch (default: task config batch_size)")
+    add("--eval_batch_size", type=int_at_least(1), default=None, help="validation batch (default: task config, then train batch)")
     add("--max_val_batches", type=int, default=-1, help="epoch-end validation evaluates N-1 batches (VOLTA)")
-    add("--eval_steps", type=int, default=sys.maxsize, help="mid-epoch validation period (VOLTA's rule)")
+    add("--eval_steps", type=int_at_least(2), default=sys.maxsize, help="mid-epoch validation period (VOLTA's rule)")
     add("--cache", type=int, default=5000, help="serialized loaders: shuffle/prefetch buffer")
     add("--lr", type=float, default=None, help="learning rate (default: task config lr)")
     add("--lr_scheduler", default="warmup_linear", help="warmup_linear, anything else: warmup then constant")
     add("--warmup_proportion", type=float, default=0.1, help="warmup steps = proportion x total steps")
     add("--warmup_steps", type=float, default=None, help="absolute warmup steps (overrides the proportion)")
-    add("--num_workers", type=int, default=16, help="training DataLoader workers (divided by world size)")
-    add("--num_val_workers", type=int, default=2, help="validation DataLoader workers")
+    add("--num_workers", type=int_at_least(0), default=16, help="training DataLoader workers (divided by world size)")
+    add("--num_val_workers", type=int_at_least(0), default=2, help="validation DataLoader workers")
     add("--optim", default="AdamW", help="AdamW or RAdam")
     add("--adam_epsilon", type=float, default=1e-6)
     add("--adam_betas", type=float, nargs="+", default=[0.9, 0.999])

@@ -4,7 +4,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import multiprocessing
 import signal
 from dataclasses import dataclass
 from typing import Callable
@@ -15,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from volta_ml.engine.checkpointing import unwrap
 from volta_ml.engine.distributed import DistInfo, ResumableDistributedSampler, ShardSampler, all_reduce_sum
+from volta_ml.engine.failures import die_with_parent, stop_workers
 
 logger = logging.getLogger("volta_ml.train")
 
@@ -59,21 +59,17 @@ class PreemptionFlag:
 
 
 def _ignore_preemption_in_worker(worker_id: int) -> None:
-    # Slurm signals every process of the step; workers must outlive the main process's save.
+    # Slurm signals every process of the step; workers must outlive the main process's save,
+    # but not the main process itself.
+    die_with_parent(worker_id)
     for sig in PREEMPTION_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def _kill_leftover_workers() -> None:
-    """At exit after a crash, DataLoader workers may still be alive (a traceback holds their
-    iterator); multiprocessing would SIGTERM them, which they ignore, and wait forever."""
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
-            child.join(timeout=5)
-
-
-atexit.register(_kill_leftover_workers)  # runs before multiprocessing's own exit hook (LIFO)
+# At exit after an error that escaped `failures.fail` (embedded use), DataLoader workers may still be
+# alive (a traceback holds their iterator); multiprocessing would SIGTERM them, which they ignore,
+# and wait forever. This runs before multiprocessing's own exit hook (LIFO).
+atexit.register(stop_workers, at_exit=True)
 
 
 @dataclass

@@ -67,7 +67,7 @@ def _guard(action):
             return action(args)
         except (FeatureStoreError, FileNotFoundError, FileExistsError, KeyError) as err:
             print(f"volta-ml features {args.features_command}: error: {err}", file=sys.stderr)
-            return 1
+            return 2  # a usage error: a bad store, path or key
     return run
 
 

@@ -5,6 +5,8 @@ import json
 import sys
 from pathlib import Path
 
+from volta_ml.engine.failures import UsageError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="run an IGLUE protocol grid here or as Slurm job arrays",
@@ -67,7 +69,7 @@ def _plan(args, write: bool):
     try:
         grid = load_grid(args.grid)
     except GridError as error:
-        raise SystemExit(f"error: {error}")
+        raise UsageError(str(error)) from None
     cells = plan_cells(grid)
     if args.only:
         wanted = {c.id for c in cells if any(c.id.startswith(p) for p in args.only)}
@@ -157,7 +159,7 @@ def cmd_report(args) -> int:
 
     root = Path(args.results_dir)
     if not root.is_dir():
-        raise SystemExit(f"error: {root}: not a directory")
+        raise UsageError(f"{root}: not a directory")
     records = collect(root)
     if not records:
         print(f"{root}: no finished results (result.json) or IGLUE test logs with a score found", file=sys.stderr)

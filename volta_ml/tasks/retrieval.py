@@ -4,7 +4,9 @@ Two datasets over the same annotation reader:
 - `RetrievalDataset`: one item per caption, expanded to 4 (image, text) options with the positive first, as
   VOLTA's training/validation dataset: (pos image, own caption), (pos image, caption of another image),
   (another image, own caption), (pos image, hard-negative caption when the split is exactly `train` and
-  `dataroot/hard_negative.pkl` exists, else another random caption). Negatives come from a per-item RNG
+  the annotations are per-image (Flickr30k/COCO, `dataroot/hard_negative.pkl` must then exist), else another
+  random caption). Serialized stores (WIT, `format: serialized_lmdb`) never use hard negatives: VOLTA's
+  serialized retrieval loader does not read hard_negative.pkl. Negatives come from a per-item RNG
   seeded by (seed, epoch, index), so evaluation is reproducible and workers never repeat each other's draws.
 - `RetrievalGallery`: eval_retrieval's layout, item k = (caption k // num_subiters, image chunk
   k % num_subiters) with a 0/1 target over the chunk. Reused by the retrieval evaluator.
@@ -176,8 +178,9 @@ def _load_hard_negatives(task_entry: dict, split: str, dataset: RetrievalDataset
     if split != "train":
         return
     if not dataroot or not os.path.isfile(path):
-        raise FileNotFoundError(f"split 'train' uses hard negatives from {path}, which does not exist "
-                                f"(VOLTA needs it too; use a split name other than 'train' to train without)")
+        raise FileNotFoundError(f"split 'train' of the per-image {task_entry.get('name', 'retrieval')} task uses "
+                                f"hard negatives from {path}, which does not exist (VOLTA's RetrievalDataset "
+                                f"needs it too; use a split name other than 'train' to train without)")
     data = read_pickle(path, "hard negatives")
     names = [str(i) for i in data["train_image_list"]]
     dataset.hard_negatives = ({name: row for row, name in enumerate(names)}, np.asarray(data["train_hard_pool"]),
@@ -187,7 +190,8 @@ def _load_hard_negatives(task_entry: dict, split: str, dataset: RetrievalDataset
 def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annotation_path=None,
                   token_cache=None, seed: int = 0, **_unused) -> RetrievalDataset:
     path = _annotation_file(task_entry, split, annotation_path)
-    if is_serialized(task_entry, region_view):
+    serialized = is_serialized(task_entry, region_view)
+    if serialized:
         images, captions = read_wit_serialized(path, region_view)
     else:
         images, captions = read_captions(path, region_view)
@@ -195,7 +199,8 @@ def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annot
     text = TextSource.encode(tokenizer, [c["text"] for c in captions], max_len, path, token_cache)
     mask = TextSource.encode(tokenizer, [tokenizer.mask_token or "[MASK]"], max_len, None, None).arrays(0)
     dataset = RetrievalDataset(images, captions, path, region_view, task_entry, text, mask, seed=seed)
-    _load_hard_negatives(task_entry, split, dataset)
+    if not serialized:  # VOLTA's serialized (WIT) loader has no hard negatives
+        _load_hard_negatives(task_entry, split, dataset)
     return dataset
 
 
