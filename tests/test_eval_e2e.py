@@ -12,7 +12,7 @@ import pytest
 
 from eval_fixtures import build_checkpoint, build_data_root, tiny_config_file
 from tasks_fixtures import IGLUE, REPO, bert_uncased_dir, need_iglue, read_jsonl, xlmr_dir
-from volta_ml.engine import eval_cli
+from volta_ml.cli import eval_task as eval_cli
 from volta_ml.tasks.config import load_task_config
 
 TASKS = str(REPO / "config_tasks/iglue_test_tasks_boxes36.yml")
@@ -93,7 +93,7 @@ def test_xgqa_predictions_and_gqa_score(env, capsys, tmp_path):
     predictions = json.loads((results / "test_de_result.json").read_text())
     assert [p["questionId"] for p in predictions] == list(truth)
     assert {p["prediction"] for p in predictions} == {"yes"}
-    from volta_ml.engine import gqa_score_cli
+    from volta_ml.cli import gqa_score as gqa_score_cli
     capsys.readouterr()
     assert gqa_score_cli.main(["--preds_file", str(results / "test_de_result.json"),
                                "--truth_file", str(truth_path)]) == 0

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from volta_ml.engine.flags import eval_task_parser, resolve_tokenizer_args
+from volta_ml.cli.flags import eval_task_parser, resolve_tokenizer_args
 
 
 def test_iglue_eval_flags_parse_and_last_duplicate_wins():

@@ -16,7 +16,7 @@ import yaml
 
 from conftest import REPO
 
-pytest.importorskip("volta_ml.engine.eval_cli", reason="needs volta-ml eval (tasks branch)")
+pytest.importorskip("volta_ml.cli.eval_task", reason="needs volta-ml eval (tasks branch)")
 from eval_fixtures import build_checkpoint, link, tiny_config_file  # noqa: E402
 from tasks_fixtures import IGLUE, bert_uncased_dir, make_store, need_iglue, read_jsonl  # noqa: E402
 
@@ -149,7 +149,7 @@ def test_few_shot_grid_trains_selects_and_tests(sweep_env):
 
 
 def test_retrieval_grid_reads_final_lines_into_ir_and_tr_tables(sweep_env):
-    pytest.importorskip("volta_ml.engine.retrieval_cli", reason="needs `volta-ml eval-retrieval` (retrieval branch)")
+    pytest.importorskip("volta_ml.cli.eval_retrieval", reason="needs `volta-ml eval-retrieval` (retrieval branch)")
     root = sweep_env["root"]
     # a 10-image German gallery keeps the caption x image scoring small on CPU
     test = link(IGLUE / "xFlickrCO/annotations/de/train_10.jsonl", root / "xFlickrCO/annotations/de/test_10.jsonl")

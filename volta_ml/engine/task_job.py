@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from volta_ml.engine.distributed import DistInfo, barrier
-from volta_ml.engine.flags import resolve_tokenizer_args
+from volta_ml.cli.flags import resolve_tokenizer_args
 from volta_ml.engine.train import TrainJob
 
 logger = logging.getLogger("volta_ml.train")

@@ -3,7 +3,7 @@
 `train(job, args, info)` runs `args.num_epoch` epochs of `job.train_dataset` through
 `job.forward_and_loss(model, batch, task_id) -> (loss, score_sum, n_examples, logits)`,
 validates after every epoch and returns the best validation score (a fraction).
-`args` carries train_task.py's flags (see `volta_ml.engine.train_cli`). docs/training.md
+`args` carries train_task.py's flags (see `volta_ml.cli.train_task`). docs/training.md
 lists which VOLTA quirks are kept and which bugs are fixed.
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ import torch
 from volta_ml.atomic import atomic_write_json
 from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
 from volta_ml.engine.evaluate import EvalResult, evaluate
-from volta_ml.engine.flags import VoltaArgumentParser, add_eval_task_flags, resolve_tokenizer_args
+from volta_ml.cli.flags import VoltaArgumentParser, add_eval_task_flags, resolve_tokenizer_args
 from volta_ml.tasks import family_for
 from volta_ml.tasks.config import PathResolver, entry_path, get_task_entry, load_task_config
 from volta_ml.tasks.regions import open_region_view

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from volta_ml.engine.flags import (
+from volta_ml.cli.flags import (
     VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags, resolve_tokenizer_args,
 )
 
@@ -105,7 +105,7 @@ def load_scoring_model(args, model_config, task_config: dict, task_id: str, devi
     from volta_ml.models import build_model, load_checkpoint
 
     if not args.zero_shot:
-        from volta_ml.engine.eval_cli import load_model
+        from volta_ml.cli.eval_task import load_model
         return load_model(args, model_config, task_config, task_id, device).eval()
     if not os.path.isfile(args.from_pretrained):
         raise FileNotFoundError(f"--from_pretrained {args.from_pretrained}: checkpoint not found")
@@ -175,7 +175,7 @@ def print_report(scores: np.ndarray, caption_image: np.ndarray, args) -> dict:
 def run_eval_retrieval(args) -> dict | None:
     from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
     from volta_ml.engine.distributed import barrier, init_distributed, shutdown
-    from volta_ml.engine.eval_cli import write_json
+    from volta_ml.cli.eval_task import write_json
     from volta_ml.engine.retrieval import compute_score_matrix, save_array
     from volta_ml.models import load_config
     from volta_ml.tasks.common import TextSource
@@ -251,7 +251,7 @@ def run_eval_retrieval(args) -> dict | None:
 
 def run_checked(args, prog: str) -> int:
     from volta_ml.engine.distributed import finish_process
-    from volta_ml.engine.eval_cli import user_errors
+    from volta_ml.cli.eval_task import user_errors
     from volta_ml.engine.retrieval_scorer import ScorerSetupError
 
     try:

@@ -18,8 +18,8 @@ import torch
 
 from volta_ml.engine.distributed import DistInfo, finish_process, init_distributed, shutdown
 from volta_ml.engine.train import TrainJob, train
-from volta_ml.engine.flags import VoltaArgumentParser
-from volta_ml.engine.train_flags import add_train_flags, parse_train_args
+from volta_ml.cli.flags import VoltaArgumentParser
+from volta_ml.cli.train_flags import add_train_flags, parse_train_args
 from volta_ml.engine.train_support import NonFiniteLoss, Preempted
 
 logger = logging.getLogger("volta_ml.train")
