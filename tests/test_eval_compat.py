@@ -10,8 +10,8 @@ from collections import defaultdict
 
 import pytest
 
-from eval_fixtures import build_checkpoint, build_data_root, tiny_config_file
-from tasks_fixtures import IGLUE, REPO, VOLTA_TASK_CONFIGS, bert_uncased_dir, need_iglue, read_jsonl, xlmr_dir
+from helpers_eval import build_checkpoint, build_data_root, tiny_config_file
+from helpers_tasks import IGLUE, REPO, VOLTA_TASK_CONFIGS, bert_uncased_dir, need_iglue, read_jsonl, xlmr_dir
 from volta_ml.tasks.config import load_task_config
 
 CLUSTER = "/home/projects/ku_00062"

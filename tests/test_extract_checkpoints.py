@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from _extract_tiny import SMALL_BUTD, SMALL_X101, TINY_BUTD, TINY_X101, tiny_model
+from helpers_extract import SMALL_BUTD, SMALL_X101, TINY_BUTD, TINY_X101, tiny_model
 from volta_ml.features.detectors.butd import BUTDDetector
 from volta_ml.features.detectors.checkpoints import (UnsafeCheckpoint, convert_checkpoint, load_converted,
                                                      load_original, sha256_file)

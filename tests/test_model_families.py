@@ -6,7 +6,7 @@ import torch
 
 from volta_ml.models import (build_model, load_checkpoint, load_config, read_state_dict, save_checkpoint)
 
-from tiny import IGLUE_TASKS, tiny_batch, tiny_config
+from helpers_tiny import IGLUE_TASKS, tiny_batch, tiny_config
 
 FAMILIES = ["ctrl_uniter_base", "ctrl_xuniter_base", "uc2_base", "ctrl_visualbert_base", "ctrl_vl-bert_base",
             "ctrl_vilbert_base", "ctrl_lxmert", "original_lxmert", "m3p_base"]

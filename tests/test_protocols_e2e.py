@@ -17,8 +17,8 @@ import yaml
 from conftest import REPO
 
 pytest.importorskip("volta_ml.cli.eval_task", reason="needs volta-ml eval (tasks branch)")
-from eval_fixtures import build_checkpoint, link, tiny_config_file  # noqa: E402
-from tasks_fixtures import IGLUE, bert_uncased_dir, make_store, need_iglue, read_jsonl  # noqa: E402
+from helpers_eval import build_checkpoint, link, tiny_config_file  # noqa: E402
+from helpers_tasks import IGLUE, bert_uncased_dir, make_store, need_iglue, read_jsonl  # noqa: E402
 
 ENTAILMENT, YES = 2, 1773          # XVNLI label index; trainval_ans2label["yes"]
 FEATURE_DIM = 16

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from retrieval_helpers import one_thread
-from tiny import tiny_batch, tiny_config
+from helpers_retrieval import one_thread
+from helpers_tiny import tiny_batch, tiny_config
 from volta_ml.models import ConfigError, VLBertModel, build_model
 from volta_ml.models.modeling import fuse
 
