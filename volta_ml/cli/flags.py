@@ -15,7 +15,7 @@ import difflib
 import sys
 import warnings
 
-VOLTA_DEFAULT_TOKENIZER = "bert-base-uncased"
+from volta_ml.data.text import VOLTA_DEFAULT_TOKENIZER
 
 
 class VoltaArgumentParser(argparse.ArgumentParser):
@@ -109,13 +109,3 @@ def eval_task_parser(prog: str = "eval_task.py", parser=None) -> argparse.Argume
     parser = parser or VoltaArgumentParser(prog=prog, description="Evaluate a fine-tuned model on a VOLTA task.")
     add_eval_task_flags(parser)
     return parser
-
-
-def resolve_tokenizer_args(args, model_config) -> tuple[str, bool]:
-    """(`bert_model`, `do_lower_case`): command line first, then the model config JSON (VOLTA-HEAD style)."""
-    bert_model = args.bert_model or getattr(model_config, "bert_model", None) or VOLTA_DEFAULT_TOKENIZER
-    if args.do_lower_case is not None:
-        do_lower_case = bool(args.do_lower_case)
-    else:
-        do_lower_case = bool(getattr(model_config, "do_lower_case", False))
-    return bert_model, do_lower_case

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from volta_ml.atomic import atomic_open
+
 from .data import HIDDEN_LABEL, CVQAQuestion
 
 RANDOM_ACCURACY = 25.0
@@ -66,13 +68,11 @@ def en_loc_gap(summaries: dict[str, dict]) -> dict:
 def write_submission(path: str | Path, questions: list[CVQAQuestion], predictions: np.ndarray) -> Path:
     """The EvalAI submission file: columns `ID`, `Prediction` (option index 0-3), one row per question."""
     path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    with atomic_open(path, "w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["ID", "Prediction"])
         for q, p in zip(questions, predictions):
             writer.writerow([q.id, int(p)])
-    tmp.replace(path)
     return path
 
 

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
+from volta_ml.devices import pick_device
+
 
 @dataclass
 class DistInfo:
@@ -59,19 +61,6 @@ def detect_launch(env=os.environ) -> dict | None:
         return {"rank": int(env["SLURM_PROCID"]), "world_size": int(env["SLURM_NTASKS"]),
                 "local_rank": int(env.get("SLURM_LOCALID", 0)), "env": rendezvous}
     return None
-
-
-def pick_device(requested: str | None, local_rank: int) -> torch.device:
-    """`--device`: None/"auto" -> CUDA when available; "cuda" -> cuda:<local rank>; "cuda:N" as given."""
-    if requested in (None, "", "auto"):
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(requested)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"--device {requested} was requested but torch sees no CUDA device")
-        if device.index is None:
-            device = torch.device("cuda", max(local_rank, 0) % torch.cuda.device_count())
-    return device
 
 
 def init_distributed(local_rank_flag: int = -1, device: str | None = None) -> DistInfo:

@@ -12,6 +12,8 @@ import shutil
 
 import numpy as np
 
+from volta_ml.atomic import atomic_open
+
 from .base import FeatureStore, StoreWriter
 from .records import FeatureStoreError, IncompleteStoreError, make_record
 from .safe_pickle import safe_load
@@ -101,10 +103,8 @@ class NpyWriter(StoreWriter):
         self._closed = False
 
     def _save(self, path: str, array, allow_pickle=False) -> None:
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
+        with atomic_open(path, durable=False) as f:   # the folder is renamed into place at close
             np.save(f, array, allow_pickle=allow_pickle)
-        os.replace(tmp, path)
 
     def put(self, image_id, features, boxes, image_w, image_h, **extra) -> None:
         key = str(image_id)

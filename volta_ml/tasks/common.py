@@ -9,10 +9,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from volta_ml.data.cache import TokenCache
-
-
-class MissingImageError(LookupError):
-    """An annotation refers to an image id the feature store does not hold."""
+from volta_ml.features import MissingImageError
 
 
 def store_description(region_view) -> str:
@@ -32,13 +29,8 @@ def has_image(region_view, image_id: str) -> bool:
 def check_images(region_view, wanted: list[tuple[str, int]], annotation_path) -> None:
     """Fail before evaluating anything if an annotation line names an image absent from the store."""
     missing = [(image_id, line) for image_id, line in wanted if not has_image(region_view, image_id)]
-    if not missing:
-        return
-    shown = "; ".join(f"image id {i!r} (annotation line {line})" for i, line in missing[:5])
-    more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-    raise MissingImageError(
-        f"{len(missing)} image(s) of {annotation_path} are not in the feature store "
-        f"{store_description(region_view)}: {shown}{more}")
+    if missing:
+        raise MissingImageError.in_annotations(missing, annotation_path, store_description(region_view))
 
 
 def region_arrays(region_view, image_id: str, rows: int | None = None) -> dict[str, np.ndarray]:
