@@ -21,7 +21,7 @@ import torch
 from volta_ml.atomic import atomic_write_json
 from volta_ml.cli.flags import VoltaArgumentParser, add_eval_task_flags
 from volta_ml.devices import pick_device
-from volta_ml.engine.evaluate import EvalResult, evaluate
+from volta_ml.engine.evaluate import EvalResult, amp_precision, evaluate
 from volta_ml.engine.run_setup import task_setup
 from volta_ml.tasks.config import entry_path
 
@@ -72,7 +72,8 @@ def run_eval(args) -> EvalResult:
                                    token_cache=setup.token_cache, seed=args.seed)
 
     model, _ = setup.load_model(args.from_pretrained, log=logger)
-    model.to(pick_device(args.device))
+    device = pick_device(args.device)
+    model.to(device)
     batch_size = int(entry.get("eval_batch_size") or args.batch_size)  # the config wins, as in VOLTA
     num_iters = (len(dataset) + batch_size - 1) // batch_size
     print("***** Running evaluation *****")
@@ -82,7 +83,7 @@ def run_eval(args) -> EvalResult:
 
     started = time.time()
     result = evaluate(model, dataset, family, task_id, batch_size=batch_size, num_workers=args.num_val_workers,
-                      amp=args.amp, loss_name=args.loss or entry.get("loss"), desc=f"Eval {entry['name']}")
+                      precision=amp_precision(args.amp, device), loss_name=args.loss or entry.get("loss"), desc=f"Eval {entry['name']}")
     elapsed = time.time() - started
     print(f"{result.n_examples} examples in {elapsed:.1f}s ({result.n_examples / max(elapsed, 1e-9):.1f}/s)")
 
@@ -91,7 +92,7 @@ def run_eval(args) -> EvalResult:
     write_json(os.path.join(out_dir, f"{split}_result.json"), result.predictions)
     write_json(os.path.join(out_dir, f"{split}_others.json"), [])
     is_gqa = entry["type"] == "VL-classifier-GQA"
-    line = validation_line(entry["name"], 0.0 if is_gqa else result.loss, 0.0 if is_gqa else result.score)
+    line = validation_line(entry["name"], 0.0 if is_gqa else result.loss, 0.0 if is_gqa else result.score_percent)
     with open(os.path.join(out_dir, "eval.txt"), "a", encoding="utf-8") as handle:
         handle.write(line + "\n")
     sys.stdout.flush()

@@ -158,7 +158,7 @@ def run_demo(out_dir: str | Path, size: str = "full", seed: int = 0, threads: in
                            file=sys.stderr):
         result = evaluate(model, dataset("test", path), family, demo_stages.TASK_KEY,
                           batch_size=entry["eval_batch_size"], progress=False)
-        scores[name], predictions[name] = result.score, result.predictions
+        scores[name], predictions[name] = result.score_percent, result.predictions
     seconds["evaluate"] = time.time() - start
 
     # 5. report -----------------------------------------------------------------------------------------

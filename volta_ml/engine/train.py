@@ -28,8 +28,9 @@ from tqdm import tqdm
 from volta_ml.engine import checkpointing as ckpt
 from volta_ml.engine.distributed import DistInfo, all_reduce_sum, gather_objects, barrier
 from volta_ml.engine.optim import build_optimizer, build_scheduler, freeze_fixed_layers, schedule_lengths
-from volta_ml.engine.train_support import (NonFiniteLoss, Precision, Preempted, PreemptionFlag, move_to_device,
-                                           train_loader, val_loader, validate, as_tensor)
+from volta_ml.engine.evaluate import as_tensor, evaluate, move_to_device
+from volta_ml.engine.train_support import (NonFiniteLoss, Precision, Preempted, PreemptionFlag, train_loader,
+                                           val_loader)
 
 logger = logging.getLogger("volta_ml.train")
 
@@ -149,8 +150,13 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
         if max_batches not in val_loaders:
             val_loaders[max_batches] = val_loader(job.val_dataset, args.eval_batch_size, info, args, job.collate_fn,
                                                   max_batches)
-        loss, score, _ = validate(model, val_loaders[max_batches], job.forward_and_loss, job.task_id, info,
-                                  precision)
+        result = evaluate(ckpt.unwrap(model), job.val_dataset, task_id=job.task_id,
+                          forward_and_loss=job.forward_and_loss, loader=val_loaders[max_batches],
+                          precision=precision.mode, progress=False, info=info)
+        if result.n_examples == 0:
+            logger.warning("validation saw no examples (empty val set, or --max_val_batches 1, which "
+                           "evaluates 0 batches as in VOLTA)")
+        loss, score = result.loss, result.score
         log.line(f"Validation [{job.task_name}]: loss {loss:.3f} score {score * 100:.3f} ")
         log.scalars("val", job.task_name, global_step, loss=loss, score=score)
         return score
