@@ -12,12 +12,11 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from types import ModuleType
 
 from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
 from volta_ml.data.text import VOLTA_DEFAULT_TOKENIZER
 from volta_ml.models import LoadReport, VLConfig, build_model, load_checkpoint, load_config
-from volta_ml.tasks import family_for
+from volta_ml.tasks import TaskFamily, family_for
 from volta_ml.tasks.config import PathResolver, get_task_entry, load_task_config
 from volta_ml.tasks.regions import open_region_view
 
@@ -39,7 +38,7 @@ class TaskSetup:
     task_config: dict
     task_id: str
     entry: dict               # the task's config entry, paths resolved
-    family: ModuleType        # the task family module (volta_ml.tasks.FAMILIES)
+    family: TaskFamily        # the task family module (volta_ml.tasks.FAMILIES)
     model: ModelSetup
     token_cache: TokenCache
 

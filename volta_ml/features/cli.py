@@ -6,7 +6,7 @@ import importlib.util
 import json
 import sys
 
-from .writers import WRITABLE_FORMATS
+from .formats import WRITABLE_FORMATS
 
 
 def _convert(args) -> int:

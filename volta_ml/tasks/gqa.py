@@ -22,8 +22,6 @@ from volta_ml.tasks.common import (
 from volta_ml.tasks.config import entry_path
 from volta_ml.tasks.serialized import gqa_records, is_serialized
 
-TYPES = ("VL-classifier-GQA",)
-
 
 def load_vocabulary(dataroot: str) -> tuple[dict[str, int], list[str]]:
     """`trainval_ans2label` / `trainval_label2ans` from `dataroot` (pickle, or the JSON twins)."""

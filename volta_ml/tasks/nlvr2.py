@@ -21,8 +21,6 @@ from volta_ml.tasks.common import (
 from volta_ml.tasks.config import entry_path
 from volta_ml.tasks.serialized import is_serialized, nlvr2_records
 
-TYPES = ("VL-binary-classifier",)
-
 
 def _marvl_image_id(path: str) -> str:
     return os.path.basename(path).split(".")[0]

@@ -30,7 +30,6 @@ from volta_ml.tasks.common import (
 from volta_ml.tasks.config import entry_path
 from volta_ml.tasks.serialized import is_serialized, wit_image_ids
 
-TYPES = ("VL-logit",)
 NUM_OPTIONS = 4
 
 

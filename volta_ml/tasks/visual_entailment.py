@@ -19,7 +19,6 @@ from volta_ml.tasks.common import (
     region_arrays,
 )
 
-TYPES = ("VL-tri-classifier",)
 LABELS = {"contradiction": 0, "neutral": 1, "entailment": 2}
 LABEL_NAMES = ["contradiction", "neutral", "entailment"]
 
