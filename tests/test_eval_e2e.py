@@ -21,7 +21,6 @@ TASKS = str(REPO / "config_tasks/iglue_test_tasks_boxes36.yml")
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     need_iglue()
-    pytest.importorskip("volta_ml.models", reason="needs the model zoo")
     tmp = tmp_path_factory.mktemp("e2e")
     root = build_data_root(tmp / "data", IGLUE)
     texts = [r["caption"] for r in read_jsonl(IGLUE / "marvl/zero_shot/annotations/marvl-id.jsonl")]

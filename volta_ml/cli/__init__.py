@@ -1,17 +1,17 @@
-"""The `volta-ml` console command.
+"""The `volta-ml` console command, and the command-line front ends of the VOLTA-compatible scripts.
 
-Each area of the package owns its subcommands in a small `cli` module with a
-`register(subparsers)` function that adds parsers and sets `func` on them; this
-file only lists those modules, so adding a command never touches another area.
+This package holds `train_task.py`, `eval_task.py`, `eval_retrieval.py` and `GQA_score.py` (their flags, their
+output contracts) as `volta-ml train | eval | eval-retrieval | gqa-score`; the pipelines with their own room
+own their subcommands in their `cli` module (`features`, `models`, `cvqa`, `protocols`, `demo`). Every such
+module has a `register(subparsers)` function that adds parsers and sets `func` on them; this file only lists
+them, so adding a command never touches another area.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 
-# Modules that register subcommands; imported lazily so `volta-ml --help` stays fast
-# and a broken optional area cannot take the whole command down.
+# Modules that register subcommands: the VOLTA-compatible front ends in this package, then each area's cli.
 COMMAND_MODULES = [
     "volta_ml.models.cli",
     "volta_ml.features.cli",
@@ -43,7 +43,3 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     return int(args.func(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

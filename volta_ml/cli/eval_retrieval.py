@@ -1,6 +1,6 @@
 """`eval_retrieval.py` / `volta-ml eval-retrieval`: caption x image retrieval evaluation (TASK8, TASK20).
 
-Output contract (IGLUE scripts and scrapers depend on it, pipeline spec §d.3 and §g):
+Output contract (IGLUE scripts and scrapers depend on it):
 - `<output_dir>/<dir>/<split>_result.json`: per caption in file order, its top-20 image indices; `<dir>` is
   `from_pretrained.split("/")[1]` when the path has a `/` (so `home` for `/home/...`), else the whole string;
 - `<split>_others.json` = `[]`;
@@ -30,7 +30,7 @@ STARS = "*" * 50
 
 
 def add_eval_retrieval_flags(parser: argparse.ArgumentParser) -> None:
-    """IGLUE-VOLTA's eval_retrieval.py flags (spec §a.3; dead ones accepted and ignored) plus volta-ml's."""
+    """IGLUE-VOLTA's eval_retrieval.py flags (dead ones accepted and ignored) plus volta-ml's."""
     add_model_flags(parser)
     add_task_flags(parser)
     group = parser.add_argument_group("retrieval evaluation (IGLUE-VOLTA flags)")

@@ -1,6 +1,6 @@
 """VOLTA/IGLUE command-line flags, shared by the entry points (`eval_task.py`, `train_task.py`, ...).
 
-Flags keep IGLUE-VOLTA's names, types and defaults (pipeline spec §a). Differences, all additive:
+Flags keep IGLUE-VOLTA's names, types and defaults. Differences, all additive:
 - an unknown flag is rejected with the nearest valid one suggested;
 - a single trailing bare `deactivate` token (present in several committed IGLUE scripts) is dropped with a
   warning instead of failing;
@@ -88,7 +88,7 @@ def add_volta_ml_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_eval_task_flags(parser: argparse.ArgumentParser) -> None:
-    """`eval_task.py` (spec §a.2)."""
+    """`eval_task.py`'s flags: IGLUE-VOLTA's plus volta-ml's extras."""
     add_model_flags(parser)
     add_task_flags(parser)
     group = parser.add_argument_group("evaluation")

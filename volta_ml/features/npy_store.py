@@ -1,4 +1,4 @@
-"""npy-per-image directories (X101 features, spec §4.2).
+"""npy-per-image directories (X101 features).
 
 `<stem>.npy`: float32 (N, D) features; `<stem>_info.npy`: a 0-d object array
 holding a dict with `bbox`, `num_boxes`, `objects`, `cls_prob`, `image_width`,

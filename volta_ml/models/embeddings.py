@@ -1,4 +1,4 @@
-"""Text, image and joint embeddings of every VOLTA family (section 3 of the model contract).
+"""Text, image and joint embeddings of every VOLTA family.
 
 Every module returns `(text_embeddings [B,L,H], vision_embeddings [B,R,Hv])` from the VOLTA inputs.
 Dual-stream models combine a text module (`bert.embeddings`) with an image module (`bert.v_embeddings`);
