@@ -104,6 +104,17 @@ def onehot_score_sum(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor
     return picked.sum()
 
 
+def bce_classify(model, task_id: str, rows: dict, target: torch.Tensor, loss_scale: int = 1):
+    """`(loss, score_sum, n_examples, logits)` of a classifier head trained as VOLTA does: BCE mean over every
+    logit (times `loss_scale`), score = Σ one-hot(argmax) · target."""
+    logits = call_model(model, task_id, rows["input_txt"], rows["input_imgs"], rows["image_loc"],
+                        rows["token_type_ids"], rows["attention_mask"], rows["image_attention_mask"])
+    loss = bce_mean(logits, target)
+    if loss_scale != 1:
+        loss = loss * loss_scale
+    return loss, onehot_score_sum(logits.float(), target), target.size(0), logits
+
+
 @dataclass
 class TextSource:
     """Texts of one annotation file, tokenised once (through the content-keyed cache)."""

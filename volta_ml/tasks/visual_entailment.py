@@ -15,8 +15,7 @@ import torch
 from volta_ml.data.annotations import AnnotationError, read_jsonl, require
 from volta_ml.tasks.config import entry_path
 from volta_ml.tasks.common import (
-    TaskDataset, TextSource, bce_mean, call_model, check_images, max_region_rows, onehot_score_sum, prepare,
-    region_arrays,
+    TaskDataset, TextSource, bce_classify, check_images, max_region_rows, prepare, region_arrays,
 )
 
 LABELS = {"contradiction": 0, "neutral": 1, "entailment": 2}
@@ -84,11 +83,7 @@ def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annot
 def forward_and_loss(model, batch: dict, task_id: str, loss_name: str | None = None):
     """`(loss, score_sum, n_examples, logits)`: BCE mean over B×3, score = Σ one-hot(argmax)·target."""
     batch = prepare(model, batch)
-    logits = call_model(model, task_id, batch["input_txt"], batch["input_imgs"], batch["image_loc"],
-                        batch["token_type_ids"], batch["attention_mask"], batch["image_attention_mask"])
-    target = batch["target"]
-    loss = bce_mean(logits, target)
-    return loss, onehot_score_sum(logits.float(), target), target.size(0), logits
+    return bce_classify(model, task_id, batch, batch["target"])
 
 
 def predictions(batch: dict, logits: torch.Tensor, dataset) -> list[dict]:
