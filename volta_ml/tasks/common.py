@@ -145,6 +145,12 @@ class TaskDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
+    def example(self, index: int, regions: dict, target: np.ndarray) -> dict:
+        """One example in VOLTA's names: the region arrays, the tokenised text of `index` (`self.text`, a
+        TextSource), the target and the bookkeeping ids."""
+        return {**regions, **self.text.arrays(index), "target": target,
+                "question_id": self.records[index]["question_id"], "example_index": index}
+
 
 def max_region_rows(task_entry: dict) -> int:
     return int(task_entry.get("max_region_num", 36))

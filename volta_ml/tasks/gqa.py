@@ -99,15 +99,10 @@ class GQADataset(TaskDataset):
 
     def __getitem__(self, index: int) -> dict:
         record = self.records[index]
-        item = region_arrays(self.region_view, record["image_id"])
-        item.update(self.text.arrays(index))
         target = np.zeros(self.num_labels, dtype=np.float32)
         if record["labels"]:
             target[record["labels"]] = record["scores"]
-        item["target"] = target
-        item["question_id"] = record["question_id"]
-        item["example_index"] = index
-        return item
+        return self.example(index, region_arrays(self.region_view, record["image_id"]), target)
 
 
 def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annotation_path=None,

@@ -63,14 +63,9 @@ class NLVR2Dataset(TaskDataset):
         record = self.records[index]
         left = region_arrays(self.region_view, record["images"][0])
         right = region_arrays(self.region_view, record["images"][1])
-        item = {key: np.concatenate([left[key], right[key]], axis=0) for key in left}
-        item.update(self.text.arrays(index))
         target = np.zeros(2, dtype=np.float32)
         target[record["label"]] = 1.0
-        item["target"] = target
-        item["question_id"] = record["question_id"]
-        item["example_index"] = index
-        return item
+        return self.example(index, {key: np.concatenate([left[key], right[key]], axis=0) for key in left}, target)
 
 
 def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annotation_path=None,

@@ -59,15 +59,10 @@ class VisualEntailmentDataset(TaskDataset):
 
     def __getitem__(self, index: int) -> dict:
         record = self.records[index]
-        item = region_arrays(self.region_view, record["image_id"], rows=self.rows)
-        item.update(self.text.arrays(index))
         target = np.zeros(3, dtype=np.float32)
         if record["label"] >= 0:
             target[record["label"]] = 1.0
-        item["target"] = target
-        item["question_id"] = record["question_id"]
-        item["example_index"] = index
-        return item
+        return self.example(index, region_arrays(self.region_view, record["image_id"], rows=self.rows), target)
 
 
 def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annotation_path=None,
