@@ -99,18 +99,22 @@ def _aliases(model: nn.Module) -> dict[str, str]:
 
 
 def save_checkpoint(model: nn.Module, path: str | os.PathLike, config=None) -> Path:
-    """Write the model's state dict: `.safetensors` (aliases recorded in metadata) or VOLTA's torch format.
-
-    Written through `volta_ml.atomic`, so an interrupted save never leaves a truncated checkpoint under the
-    final name.
-    """
-    p = Path(path)
+    """Write the model's state dict: `.safetensors` (aliases recorded in metadata) or VOLTA's torch format."""
     model = getattr(model, "module", model)
     sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return save_state_dict(sd, path, _aliases(model), config)
+
+
+def save_state_dict(sd: dict[str, torch.Tensor], path: str | os.PathLike, aliases: dict[str, str] | None = None,
+                    config=None) -> Path:
+    """`.safetensors` (each tensor once; `aliases` {alias key: stored key} and the config in the metadata) or
+    VOLTA's torch format (every key). Written through `volta_ml.atomic`, so an interrupted save never leaves a
+    truncated checkpoint under the final name."""
+    p = Path(path)
+    aliases = aliases or {}
     with atomic_open(p) as handle:
         if p.suffix == ".safetensors":
             from safetensors.torch import save
-            aliases = _aliases(model)
             unique = {k: v.contiguous() for k, v in sd.items() if k not in aliases}
             meta = {"format": "pt", "producer": "volta-ml", "aliases": json.dumps(aliases)}
             if config is not None:
