@@ -10,6 +10,7 @@ so every rank returns the figures of the whole set (pass a sharded `loader`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
@@ -21,6 +22,7 @@ from tqdm import tqdm
 from volta_ml.engine.distributed import DistInfo, all_reduce_sum
 from volta_ml.tasks.common import model_device
 
+logger = logging.getLogger("volta_ml.evaluate")
 PRECISIONS = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -126,6 +128,9 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
         all_reduce_sum(sums, info)
     loss_sum, score_sum, n_examples = sums.tolist()
     n_examples = int(n_examples)
+    if n_examples == 0:
+        logger.warning("%s: evaluated no examples (an empty set, or --max_val_batches 1, which evaluates 0 "
+                       "batches as in VOLTA)", desc or task_id)
     rows.sort(key=lambda pair: pair[0])
     predictions = [row for _, row in rows]
     return EvalResult(

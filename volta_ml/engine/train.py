@@ -153,9 +153,6 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
         result = evaluate(ckpt.unwrap(model), job.val_dataset, task_id=job.task_id,
                           forward_and_loss=job.forward_and_loss, loader=val_loaders[max_batches],
                           precision=precision.mode, progress=False, info=info)
-        if result.n_examples == 0:
-            logger.warning("validation saw no examples (empty val set, or --max_val_batches 1, which "
-                           "evaluates 0 batches as in VOLTA)")
         loss, score = result.loss, result.score
         log.line(f"Validation [{job.task_name}]: loss {loss:.3f} score {score * 100:.3f} ")
         log.scalars("val", job.task_name, global_step, loss=loss, score=score)
