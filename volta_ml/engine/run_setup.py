@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
 from volta_ml.data.text import VOLTA_DEFAULT_TOKENIZER
-from volta_ml.models import LoadReport, VLConfig, build_model, load_checkpoint, load_config
+from volta_ml.models import LoadReport, VLConfig, from_pretrained, load_config
 from volta_ml.tasks import TaskFamily, family_for
 from volta_ml.tasks.config import PathResolver, get_task_entry, load_task_config
 from volta_ml.tasks.regions import open_region_view
@@ -90,16 +90,15 @@ def task_setup(args) -> TaskSetup:
 
 def load_model(config: VLConfig, checkpoint: str, task_config: dict | None = None, task_ids=None,
                kind: str = "tasks", head_expected: bool = True, log: logging.Logger = logger) -> tuple:
-    """(model, LoadReport): the model built from `config` with `checkpoint` loaded (VOLTA's `from_pretrained`:
-    tensors missing from the checkpoint keep their initialisation and are logged, never an error).
+    """(model in eval mode, LoadReport): `volta_ml.models.from_pretrained` (VOLTA's: tensors missing from the
+    checkpoint keep their initialisation) with the missing and unused tensors logged.
 
     `head_expected`: evaluation needs the task heads from the checkpoint, so a missing one is a warning;
     fine-tuning starts new heads (logged at info level)."""
-    model = build_model(config, task_config, task_ids, kind=kind)
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"--from_pretrained {checkpoint}: checkpoint not found (volta-ml never "
                                 f"downloads weights)")
-    report = load_checkpoint(model, checkpoint)
+    model, report = from_pretrained(checkpoint, config, task_config, task_ids, kind=kind)
     _log_report(report, checkpoint, task_ids or [], head_expected, log)
     return model, report
 
