@@ -23,8 +23,11 @@ mkdir "$work/src" "$work/elsewhere"
 site_dir="$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 "$python" -c 'import site, sys; print("\n".join(p for p in site.getsitepackages() if "site-packages" in p))' \
   > "$site_dir/_volta_ml_deps.pth"
-# the wheel is built with $python's setuptools (no download), then pip-installed like any wheel
-"$python" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$work/dist" "$work/src"
+# the wheel is built with $python's setuptools when it can (no download; needs setuptools >= 70.1 or the
+# `wheel` package), else in pip's isolated build environment; then it is pip-installed like any wheel
+"$python" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$work/dist" "$work/src" \
+  > "$work/build.log" 2>&1 \
+  || "$python" -m pip wheel --quiet --no-deps --wheel-dir "$work/dist" "$work/src"
 "$work/venv/bin/python" -m pip install --quiet --no-deps "$work"/dist/volta_ml-*.whl
 
 # 3. from another folder, with nothing of the checkout on the path
