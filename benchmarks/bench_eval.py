@@ -73,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from volta_ml.data import load_tokenizer
-    from volta_ml.engine.evaluate import evaluate
+    from volta_ml.engine.evaluate import amp_precision, evaluate
     from volta_ml.features import RegionView, open_store
     from volta_ml.models import build_model, load_config
     from volta_ml.tasks import visual_entailment
@@ -102,12 +102,13 @@ def main() -> None:
             model.to(device)
             for workers in args.workers:
                 evaluate(model, dataset, visual_entailment, "TASK19", batch_size=batch, num_workers=workers,
-                         amp=amp, max_batches=1, progress=False, keep_predictions=False)  # warm-up
+                         precision=amp_precision(amp, torch.device(device)), max_batches=1, progress=False, keep_predictions=False)  # warm-up
                 if device == "cuda":
                     torch.cuda.synchronize()
                 start = time.perf_counter()
                 result = evaluate(model, dataset, visual_entailment, "TASK19", batch_size=batch,
-                                  num_workers=workers, amp=amp, progress=False)
+                                  num_workers=workers, precision=amp_precision(amp, torch.device(device)),
+                                  progress=False)
                 if device == "cuda":
                     torch.cuda.synchronize()
                 seconds = time.perf_counter() - start

@@ -3,7 +3,7 @@
 `convert` writes VOLTA's keyed LMDB the way VOLTA's script does for X101 npy
 directories: base64 `features`/`boxes`, int `img_w`/`img_h`/`num_boxes`, raw
 `objects`/`cls_prob`, and `feature_path`.  VOLTA's `--mode extract` read keys
-that `convert` never writes (spec §4.7); here `extract` does what it was meant
+that `convert` never writes; here `extract` does what it was meant
 to: LMDB -> npy directory (`--lmdb_path` in, `--features_folder` out).
 """
 from __future__ import annotations

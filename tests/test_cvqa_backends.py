@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _cvqa_fixture import REVISION, ROWS, image_png, write_release
+from helpers_cvqa import REVISION, ROWS, image_png, write_release
 from helpers_cvqa_backends import LOADED, FakeDualEncoder, FakeGenerative, install
 
 from volta_ml.cli import main

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
-from _cvqa_fixture import REVISION, ROWS, image_png, write_release
+from helpers_cvqa import REVISION, ROWS, image_png, write_release
 
 from volta_ml.cvqa.data import (CVQAFormatError, image_key, load_cvqa, parse_options, parse_subset,
                                       revision_from_path)
@@ -96,7 +96,7 @@ def test_image_keys_and_conflicting_photos(tmp_path):
 
 
 def test_empty_shards_are_an_error(tmp_path):
-    from _cvqa_fixture import _table
+    from helpers_cvqa import _table
 
     (tmp_path / "empty").mkdir()
     pq.write_table(_table([]), tmp_path / "empty" / "test.parquet")

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _cvqa_fixture import ROWS, write_release
-from _extract_tiny import SMALL_BUTD, synthetic_image, tiny_model
+from helpers_cvqa import ROWS, write_release
+from helpers_extract import SMALL_BUTD, synthetic_image, tiny_model
 
 from volta_ml.features import open_store
 from volta_ml.features.detectors.select_butd import butd_extract
@@ -86,8 +86,8 @@ def test_shrink_keeps_aspect_and_leaves_small_images_alone():
 def test_one_call_extracts_then_scores(release, tmp_path, monkeypatch):
     """`run_cvqa` with a detector: the missing photos are extracted into the store, then scored."""
     import torch
-    from _cvqa_fixture import tiny_tokenizer
-    from tiny import tiny_config
+    from helpers_cvqa import tiny_tokenizer
+    from helpers_tiny import tiny_config
 
     from volta_ml.models import build_model, save_checkpoint
     from volta_ml.cvqa import run as cvqa_run

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _cvqa_fixture import image_png, write_release
+from helpers_cvqa import image_png, write_release
 from helpers_hf import build, spec_extra
 
 from volta_ml.cli import main

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from _cvqa_fixture import tiny_tokenizer, write_release
+from helpers_cvqa import tiny_tokenizer, write_release
 
 from volta_ml.cvqa.data import load_cvqa
 from volta_ml.cvqa.prompts import (CONDITIONS, PROMPTS_VERSION, encode_option_texts, full_texts,
@@ -88,7 +88,7 @@ def test_unknown_tokens_are_counted(questions, tmp_path):
 
 
 def test_sentencepiece_tokenizer_gets_its_own_special_tokens(questions, tmp_path):
-    from tasks_fixtures import xlmr_dir
+    from helpers_tasks import xlmr_dir
     from transformers import AutoTokenizer
 
     texts = [t for q in questions for c in CONDITIONS for t in full_texts(q, c)]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from _cvqa_fixture import REVISION, ROWS, make_cvqa_store, tiny_tokenizer, write_release
-from tiny import tiny_config
+from helpers_cvqa import REVISION, ROWS, make_cvqa_store, tiny_tokenizer, write_release
+from helpers_tiny import tiny_config
 
 from volta_ml.models import build_model, save_checkpoint
 from volta_ml.cvqa.data import load_cvqa

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _cvqa_fixture import make_cvqa_store, tiny_tokenizer, write_release
-from tiny import tiny_batch, tiny_config
+from helpers_cvqa import make_cvqa_store, tiny_tokenizer, write_release
+from helpers_tiny import tiny_batch, tiny_config
 
 from volta_ml.features import RegionView
 from volta_ml.models import build_model

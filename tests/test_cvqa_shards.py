@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from _cvqa_fixture import write_release
+from helpers_cvqa import write_release
 
 from volta_ml.cvqa.data import CVQAFormatError, load_cvqa
 

@@ -10,9 +10,9 @@ from collections import defaultdict
 
 import pytest
 
-from eval_fixtures import build_checkpoint, build_data_root, tiny_config_file
-from tasks_fixtures import IGLUE, REPO, bert_uncased_dir, need_iglue, read_jsonl, xlmr_dir
-from volta_ml.engine import eval_cli
+from helpers_eval import build_checkpoint, build_data_root, tiny_config_file
+from helpers_tasks import IGLUE, REPO, bert_uncased_dir, need_iglue, read_jsonl, xlmr_dir
+from volta_ml.cli import eval_task as eval_cli
 from volta_ml.tasks.config import load_task_config
 
 TASKS = str(REPO / "config_tasks/iglue_test_tasks_boxes36.yml")
@@ -21,7 +21,6 @@ TASKS = str(REPO / "config_tasks/iglue_test_tasks_boxes36.yml")
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     need_iglue()
-    pytest.importorskip("volta_ml.models", reason="needs the model zoo")
     tmp = tmp_path_factory.mktemp("e2e")
     root = build_data_root(tmp / "data", IGLUE)
     texts = [r["caption"] for r in read_jsonl(IGLUE / "marvl/zero_shot/annotations/marvl-id.jsonl")]
@@ -93,7 +92,7 @@ def test_xgqa_predictions_and_gqa_score(env, capsys, tmp_path):
     predictions = json.loads((results / "test_de_result.json").read_text())
     assert [p["questionId"] for p in predictions] == list(truth)
     assert {p["prediction"] for p in predictions} == {"yes"}
-    from volta_ml.engine import gqa_score_cli
+    from volta_ml.cli import gqa_score as gqa_score_cli
     capsys.readouterr()
     assert gqa_score_cli.main(["--preds_file", str(results / "test_de_result.json"),
                                "--truth_file", str(truth_path)]) == 0

@@ -5,7 +5,8 @@ import types
 
 import pytest
 
-from volta_ml.engine.flags import eval_task_parser, resolve_tokenizer_args
+from volta_ml.cli.flags import eval_task_parser
+from volta_ml.engine.run_setup import resolve_tokenizer_args
 
 
 def test_iglue_eval_flags_parse_and_last_duplicate_wins():
@@ -34,11 +35,11 @@ def test_trailing_deactivate_is_tolerated():
 def test_tokenizer_from_cli_or_model_config():
     head_config = types.SimpleNamespace(bert_model="/hf/bert-base-uncased", do_lower_case=True)
     from_config = eval_task_parser().parse_args([])
-    assert resolve_tokenizer_args(from_config, head_config) == ("/hf/bert-base-uncased", True)
+    assert resolve_tokenizer_args(from_config.bert_model, from_config.do_lower_case, head_config) == ("/hf/bert-base-uncased", True)
     from_cli = eval_task_parser().parse_args(["--bert_model", "/hf/xlmr"])
-    assert resolve_tokenizer_args(from_cli, types.SimpleNamespace()) == ("/hf/xlmr", False)
+    assert resolve_tokenizer_args(from_cli.bert_model, from_cli.do_lower_case, types.SimpleNamespace()) == ("/hf/xlmr", False)
     lowered = eval_task_parser().parse_args(["--bert_model", "/hf/b", "--do_lower_case"])
-    assert resolve_tokenizer_args(lowered, types.SimpleNamespace(do_lower_case=False)) == ("/hf/b", True)
+    assert resolve_tokenizer_args(lowered.bert_model, lowered.do_lower_case, types.SimpleNamespace(do_lower_case=False)) == ("/hf/b", True)
 
 
 def test_volta_ml_eval_subcommand_uses_the_same_flags(capsys):

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from _extract_tiny import SMALL_BUTD, SMALL_X101, TINY_BUTD, TINY_X101, tiny_model
+from helpers_extract import SMALL_BUTD, SMALL_X101, TINY_BUTD, TINY_X101, tiny_model
+from volta_ml.digest import file_digest
 from volta_ml.features.detectors.butd import BUTDDetector
 from volta_ml.features.detectors.checkpoints import (UnsafeCheckpoint, convert_checkpoint, load_converted,
-                                                     load_original, sha256_file)
+                                                     load_original)
 from volta_ml.features.detectors.keymap import CheckpointMismatch
 from volta_ml.features.detectors.x101_fpn import X101Detector
 
@@ -154,9 +155,9 @@ def test_conversion_to_safetensors_with_manifest(tmp_path):
                                                 **TINY_BUTD)
     assert weights.name == "butd.safetensors" and manifest_path.name == "butd.json"
     manifest = json.loads(manifest_path.read_text())
-    assert manifest["source_sha256"] == sha256_file(tmp_path / "m.pkl")
+    assert manifest["source_sha256"] == file_digest(tmp_path / "m.pkl")
     assert manifest["preset"] == "volta-butd36" and manifest["detector"] == "butd"
-    assert manifest["with_attributes"] is True and manifest["safetensors_sha256"] == sha256_file(weights)
+    assert manifest["with_attributes"] is True and manifest["safetensors_sha256"] == file_digest(weights)
     _assert_same_state(load_converted(weights), ref)
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from _extract_tiny import TINY_BUTD, TINY_X101, synthetic_image, tiny_model, write_png
+from helpers_extract import TINY_BUTD, TINY_X101, synthetic_image, tiny_model, write_png
 from test_extract_checkpoints import _original_state, detectron2_name, maskrcnn_name
 from volta_ml.features import open_store
 from volta_ml.features.detectors.checkpoints import convert_checkpoint

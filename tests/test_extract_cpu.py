@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from _extract_tiny import SMALL_BUTD, SMALL_X101, synthetic_image, tiny_model, write_png
+from helpers_extract import SMALL_BUTD, SMALL_X101, synthetic_image, tiny_model, write_png
 from volta_ml.features import open_store, open_writer
 from volta_ml.features.detectors.select_butd import TooFewBoxes, butd_extract
 from volta_ml.features.detectors.x101_fpn import x101_extract_batch

@@ -14,8 +14,8 @@ import threading
 
 import pytest
 
-from drills import assert_failed_cleanly, drill, full_disk_argv
-from train_helpers import run_dir, toy_argv, toy_env
+from helpers_drills import assert_failed_cleanly, drill, full_disk_argv
+from helpers_train import run_dir, toy_argv, toy_env
 from volta_ml.engine import checkpointing as ckpt
 
 EPOCH = 8          # training forwards per epoch: 64 toy examples, batch 8

@@ -1,6 +1,6 @@
 """Failure drills of eval_task.py and eval_retrieval.py (issue #14): every error ends the run within 60 s,
 non-zero, with a one-line cause as the last stderr line, no process left behind and the previous result
-files intact. Faults are injected by tests/drill_entry.py around the unchanged scripts.
+files intact. Faults are injected by tests/helpers_drill_entry.py around the unchanged scripts.
 
 Which drills apply: eval_task.py reads through DataLoader workers (0, 2, 10: forward, __getitem__, a killed
 worker, a full disk when writing results); eval_retrieval.py reads the gallery once without workers and
@@ -15,12 +15,12 @@ import sys
 
 import pytest
 
-from drills import assert_failed_cleanly, drill, full_disk_argv
-from eval_fixtures import FEATURE_DIM, build_checkpoint, tiny_config_file
-from tasks_fixtures import REPO, bert_uncased_dir, make_store, need_iglue, read_jsonl, write_jsonl
+from helpers_drills import assert_failed_cleanly, drill, full_disk_argv
+from helpers_eval import FEATURE_DIM, build_checkpoint, tiny_config_file
+from helpers_tasks import REPO, bert_uncased_dir, make_store, need_iglue, read_jsonl, write_jsonl
 
 TASKS = str(REPO / "config_tasks" / "iglue_test_tasks_boxes36.yml")
-ENTRY = str(REPO / "tests" / "drill_entry.py")
+ENTRY = str(REPO / "tests" / "helpers_drill_entry.py")
 PREVIOUS = '[{"previous": "result"}]'
 
 

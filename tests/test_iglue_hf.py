@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, shared_path
-from iglue_hf_fixtures import FailingAfter, FakeDual, FakeGenerative, build_data_root, make_images
+from helpers_iglue_hf import FailingAfter, FakeDual, FakeGenerative, build_data_root, make_images
 from volta_ml.iglue_hf.data import read_task
 from volta_ml.iglue_hf.images import DEFAULT_TEMPLATES, ImageSource, MissingImagesError, side_by_side
 from volta_ml.iglue_hf.prompts import OPTIONS, letter_choices, user_turn
@@ -188,7 +188,7 @@ def test_two_processes_equal_one(world, tmp_path, task):
     spec.write_text(json.dumps(opts))
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(_free_port()), str(REPO / "tests" / "iglue_hf_entry.py"), str(spec)],
+                           "--master_port", str(_free_port()), str(REPO / "tests" / "helpers_iglue_hf_entry.py"), str(spec)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     two = json.loads((tmp_path / "two" / "iglue_hf_results.json").read_text())
@@ -269,7 +269,7 @@ def test_sweep_cells_for_hf_models_and_report(world, tmp_path):
             "models": {"mllm-letter": {"hf": {"backend": "mllm", "model": "/m/llava", "rules": {"xvnli": "letter"},
                                               "batch_size": 4}},
                        "clip": {"hf": {"backend": "clip", "model": "/m/clip"}}},
-            "commands": {"iglue_hf": [sys.executable, str(REPO / "tests" / "iglue_hf_fake_cli.py")]}}
+            "commands": {"iglue_hf": [sys.executable, str(REPO / "tests" / "helpers_iglue_hf_fake_cli.py")]}}
     path = tmp_path / "grid.yml"
     path.write_text(yaml.safe_dump(grid))
     cells = {c.id: c for c in plan_cells(load_grid(path))}

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import shared_path
 from helpers_hf import build, spec_extra
-from iglue_hf_fixtures import build_data_root, make_images
+from helpers_iglue_hf import build_data_root, make_images
 from test_iglue_hf import brute_force_recalls, reference_accuracy
 from volta_ml.hf import ModelSpec, load_backend
 from volta_ml.iglue_hf.data import read_task

@@ -9,7 +9,7 @@ import torch
 from volta_ml.models import (CheckpointError, ConfigError, build_model, load_checkpoint, load_config,
                              read_state_dict)
 
-from tiny import IGLUE_TASKS, tiny_config
+from helpers_tiny import IGLUE_TASKS, tiny_config
 
 
 def test_wrong_shape_checkpoint_names_key_and_shapes(tmp_path):

@@ -6,7 +6,7 @@ import torch
 
 from volta_ml.models import (build_model, load_checkpoint, load_config, read_state_dict, save_checkpoint)
 
-from tiny import IGLUE_TASKS, tiny_batch, tiny_config
+from helpers_tiny import IGLUE_TASKS, tiny_batch, tiny_config
 
 FAMILIES = ["ctrl_uniter_base", "ctrl_xuniter_base", "uc2_base", "ctrl_visualbert_base", "ctrl_vl-bert_base",
             "ctrl_vilbert_base", "ctrl_lxmert", "original_lxmert", "m3p_base"]
@@ -83,7 +83,9 @@ def test_m3p_mask_covers_first_slots_and_zeroes_masked_outputs():
     model = build_model(config, IGLUE_TASKS).eval()
     batch = tiny_batch(config)
     with torch.no_grad():
-        seq, pooled = model.encode(**batch)
+        out, pooled = model.encode(**batch)   # the same return type as every family's task model
+    seq = torch.cat([out.seq_v, out.seq_t], 1)   # M3P's joint sequence is [image || text]
+    assert out.pooled_t is pooled
     R, L = batch["input_imgs"].shape[1], batch["input_txt"].shape[1]
     n = batch["attention_mask"].sum(1) + batch["image_attention_mask"].sum(1)
     for b in range(seq.shape[0]):

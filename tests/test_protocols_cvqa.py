@@ -1,5 +1,5 @@
 """CVQA cells in sweep grids: expansion (model x rule x condition), the example grid of the paper's rows, a local
-run with the stand-in entry point (tests/protocols_fake_entry.py) followed by `volta-ml cvqa report` on the
+run with the stand-in entry point (tests/helpers_fake_entry.py) followed by `volta-ml cvqa report` on the
 sweep's output, Slurm arrays, and grid errors."""
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from conftest import REPO
-from protocols_fake_entry import cvqa_right
+from helpers_fake_entry import cvqa_right
 from volta_ml.protocols.grid import GridError, load_grid
 from volta_ml.protocols.runners import cells_by_stage, plan_cells
 from volta_ml.protocols.slurm import write_slurm
 
-FAKE = str(Path(__file__).resolve().parent / "protocols_fake_entry.py")
+FAKE = str(Path(__file__).resolve().parent / "helpers_fake_entry.py")
 
 
 def grid_file(tmp: Path, **overrides) -> Path:

@@ -16,9 +16,8 @@ import yaml
 
 from conftest import REPO
 
-pytest.importorskip("volta_ml.engine.eval_cli", reason="needs volta-ml eval (tasks branch)")
-from eval_fixtures import build_checkpoint, link, tiny_config_file  # noqa: E402
-from tasks_fixtures import IGLUE, bert_uncased_dir, make_store, need_iglue, read_jsonl  # noqa: E402
+from helpers_eval import build_checkpoint, link, tiny_config_file
+from helpers_tasks import IGLUE, bert_uncased_dir, make_store, need_iglue, read_jsonl
 
 ENTAILMENT, YES = 2, 1773          # XVNLI label index; trainval_ans2label["yes"]
 FEATURE_DIM = 16
@@ -130,7 +129,6 @@ def test_zero_shot_and_translate_test_grid_then_report(sweep_env):
 
 
 def test_few_shot_grid_trains_selects_and_tests(sweep_env):
-    pytest.importorskip("volta_ml.engine.task_job", reason="needs `volta-ml train` (engine branch) for few-shot")
     grid = write_grid(sweep_env, "fewshot", tasks=["xvnli"], protocols=["few_shot"],
                       few_shot_languages={"xvnli": ["ar"]}, shots={"xvnli": ["1"]},
                       learning_rates=["1e-4", "5e-5"], num_epoch=1,
@@ -149,7 +147,6 @@ def test_few_shot_grid_trains_selects_and_tests(sweep_env):
 
 
 def test_retrieval_grid_reads_final_lines_into_ir_and_tr_tables(sweep_env):
-    pytest.importorskip("volta_ml.engine.retrieval_cli", reason="needs `volta-ml eval-retrieval` (retrieval branch)")
     root = sweep_env["root"]
     # a 10-image German gallery keeps the caption x image scoring small on CPU
     test = link(IGLUE / "xFlickrCO/annotations/de/train_10.jsonl", root / "xFlickrCO/annotations/de/test_10.jsonl")

@@ -1,5 +1,5 @@
 """The local sweep runner and the in-cell steps, with a fast stand-in for the train/eval entry points
-(tests/protocols_fake_entry.py) over the real IGLUE annotation files: skipping finished cells, learning-rate
+(tests/helpers_fake_entry.py) over the real IGLUE annotation files: skipping finished cells, learning-rate
 selection, failures, and resuming an interrupted sweep. The real entry points run in test_protocols_e2e.py."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import yaml
 
 from conftest import REPO
 
-FAKE = str(Path(__file__).resolve().parent / "protocols_fake_entry.py")
+FAKE = str(Path(__file__).resolve().parent / "helpers_fake_entry.py")
 
 
 def annotations(tmp: Path) -> Path:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from eval_fixtures import FEATURE_DIM, build_checkpoint, tiny_config_file
-from tasks_fixtures import REPO, bert_uncased_dir, make_store, need_iglue, read_jsonl
-from tasks_fixtures import write_jsonl as subset
+from helpers_eval import FEATURE_DIM, build_checkpoint, tiny_config_file
+from helpers_tasks import REPO, bert_uncased_dir, make_store, need_iglue, read_jsonl
+from helpers_tasks import write_jsonl as subset
 from volta_ml.tasks.retrieval_metrics import image_retrieval_ranks, read_final_lines, recall_metrics
 
 TASKS_YAML = REPO / "config_tasks" / "iglue_test_tasks_boxes36.yml"

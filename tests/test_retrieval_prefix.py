@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from retrieval_helpers import one_thread
-from tiny import tiny_batch, tiny_config
+from helpers_retrieval import one_thread
+from helpers_tiny import tiny_batch, tiny_config
 from volta_ml.models import ConfigError, VLBertModel, build_model
 from volta_ml.models.modeling import fuse
 
@@ -37,7 +37,7 @@ def test_prefix_then_pairs_equals_forward(family, depth):
     torch.testing.assert_close(pairs.pooled_t, reference.pooled_t, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(pairs.seq_v, reference.seq_v, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(logits, reference_logits, rtol=1e-5, atol=1e-6)
-    # the plain forward is unchanged by the refactor: the diagonal pairs (0,0), (1,1) match it
+    # the plain forward gives the same scores: the diagonal pairs (0,0), (1,1) match it
     torch.testing.assert_close(reference.pooled_t[[0, 4]], plain.pooled_t[:2], rtol=1e-5, atol=1e-6)
 
 

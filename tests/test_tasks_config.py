@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tasks_fixtures import REPO, VOLTA_TASK_CONFIGS
+from helpers_tasks import REPO, VOLTA_TASK_CONFIGS
 from volta_ml.tasks.config import (
     PathResolver, TaskConfigError, entry_path, get_task_entry, load_task_config,
 )

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from tasks_fixtures import IGLUE, bert_uncased_dir, make_store, need_iglue, read_jsonl, xlmr_dir
+from helpers_tasks import IGLUE, bert_uncased_dir, make_store, need_iglue, read_jsonl, xlmr_dir
 from volta_ml.data import AnnotationError, TokenCache, encode_texts, load_tokenizer, read_jsonl as read_rows
 from volta_ml.tasks import family_for, gqa, nlvr2, retrieval, visual_entailment
-from volta_ml.tasks.common import MissingImageError
+from volta_ml.features import MissingImageError
 
 
 @pytest.fixture(scope="module")

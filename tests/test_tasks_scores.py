@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from tasks_fixtures import REPO
+from helpers_tasks import REPO
 from volta_ml.tasks import gqa, nlvr2, retrieval, visual_entailment
 from volta_ml.tasks.common import onehot_score_sum, triplet_loss
 

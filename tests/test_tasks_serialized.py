@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from tasks_fixtures import IGLUE, bert_uncased_dir, need_iglue, read_jsonl
+from helpers_tasks import IGLUE, bert_uncased_dir, need_iglue, read_jsonl
 from volta_ml.data import TokenCache, load_tokenizer
 from volta_ml.tasks import gqa, nlvr2, retrieval
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from train_helpers import REPO, toy_env
+from helpers_train import REPO, toy_env
 from volta_ml.engine import checkpointing as ckpt
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from train_helpers import assert_same_weights, load_weights, run_dir, run_toy, toy_argv, toy_env
+from helpers_train import assert_same_weights, load_weights, run_dir, run_toy, toy_argv, toy_env
 from volta_ml.engine.distributed import detect_launch, first_slurm_host
 
 FLAGS = ["--toy_dropout", "0.0", "--batch_size", "16", "--gradient_accumulation_steps", "2", "--num_epoch", "2",

@@ -2,7 +2,7 @@
 import pytest
 
 from volta_ml.engine.task_job import config_label, resolve_hyperparameters, run_name
-from volta_ml.engine.train_flags import parse_train_args
+from volta_ml.cli.train_flags import parse_train_args
 
 
 def test_volta_defaults_and_quirks():

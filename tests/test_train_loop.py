@@ -5,7 +5,7 @@ import subprocess
 import pytest
 import torch
 
-from train_helpers import (assert_same_weights, load_weights, run_dir, run_toy_inprocess, toy_argv,
+from helpers_train import (assert_same_weights, load_weights, run_dir, run_toy_inprocess, toy_argv,
                            toy_env)
 from volta_ml.engine.distributed import DistInfo
 from volta_ml.engine.train_support import val_loader

@@ -16,8 +16,8 @@ import subprocess
 
 import pytest
 
-from eval_fixtures import FEATURE_DIM, build_checkpoint, link, tiny_config_file
-from tasks_fixtures import IGLUE, REPO, bert_uncased_dir, make_store, need_iglue, read_jsonl
+from helpers_eval import FEATURE_DIM, build_checkpoint, link, tiny_config_file
+from helpers_tasks import IGLUE, REPO, bert_uncased_dir, make_store, need_iglue, read_jsonl
 
 ADAM = ("--adam_epsilon 1e-6 --adam_betas 0.9 0.999 --adam_correct_bias --weight_decay 0.0001 "
         "--warmup_proportion 0.1 --clip_grad_norm 1.0")

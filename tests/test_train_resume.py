@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from train_helpers import assert_same_weights, load_weights, run_dir, run_toy, toy_argv, toy_env
+from helpers_train import assert_same_weights, load_weights, run_dir, run_toy, toy_argv, toy_env
 
 # 92 examples at 4 per micro-batch = 23 micro-batches with grad-acc 2: an odd count, so VOLTA's
 # leftover gradients carry across epochs and the resume file must hold them too.

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from eval_fixtures import FEATURE_DIM, build_checkpoint, tiny_config_file
-from tasks_fixtures import REPO, bert_uncased_dir, make_store
+from helpers_eval import FEATURE_DIM, build_checkpoint, tiny_config_file
+from helpers_tasks import REPO, bert_uncased_dir, make_store
 from volta_ml import cli
-from volta_ml.engine import eval_cli, retrieval_cli, train_cli
+from volta_ml.cli import eval_retrieval as retrieval_cli, eval_task as eval_cli, train_task as train_cli
 
 TRAINVAL = "config_tasks/iglue_trainval_tasks_boxes36.yml"
 TASKS = {"TASK19": {"name": "XVNLI", "type": "VL-tri-classifier", "num_labels": 3},

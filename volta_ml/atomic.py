@@ -45,8 +45,13 @@ class WriteError(OSError):
 
 
 @contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
-    """`with atomic_open(path, "w") as f: ...` — `path` appears only once the block has succeeded."""
+def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None,
+                newline: str | None = None, durable: bool = True) -> Iterator[IO]:
+    """`with atomic_open(path, "w") as f: ...` — `path` appears only once the block has succeeded.
+
+    `durable=False` skips the fsyncs: still never a truncated file after a crash of the process, but not
+    safe against power loss (for many small files inside a staging folder that is itself renamed at the end).
+    """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,17 +59,20 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None 
     except OSError as error:
         raise WriteError(path, error) from error
     try:
-        with os.fdopen(fd, mode, encoding=encoding if "b" not in mode else None) as handle:
+        text = "b" not in mode
+        with os.fdopen(fd, mode, encoding=encoding if text else None, newline=newline if text else None) as handle:
             yield handle
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(error, OSError) and not isinstance(error, WriteError) and error.errno is not None:
             raise WriteError(path, error) from error
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 def atomic_write_json(path: str | os.PathLike, data, **dump_kwargs) -> None:

@@ -116,16 +116,14 @@ def _clear_errors(command):
 
 @_clear_errors
 def run_extract_command(args) -> int:
-    import torch
-
+    from volta_ml.devices import pick_device
     from volta_ml.features.images import DEFAULT_MAX_PIXELS
 
     from .data import load_cvqa
     from .features import extract_cvqa_features
     from .run import load_detector
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = pick_device(args.device)
     if not os.path.isfile(args.weights):
         raise FileNotFoundError(f"--weights {args.weights}: no such file (nothing is downloaded)")
     dataset = load_cvqa(args.data, revision=args.revision, limit=args.limit)

@@ -94,12 +94,13 @@ def write_predictions(path: str | Path, questions: list[CVQAQuestion], predictio
 
 def write_submission(path: str | Path, questions: list[CVQAQuestion], predictions: np.ndarray) -> Path:
     """The EvalAI submission file: columns `ID`, `Prediction` (option index 0-3), one row per question."""
-    with atomic_open(path, "w", encoding="utf-8") as f:
+    path = Path(path)
+    with atomic_open(path, "w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["ID", "Prediction"])
         for q, p in zip(questions, predictions):
             writer.writerow([q.id, int(p)])
-    return Path(path)
+    return path
 
 
 def breakdown_rows(results: dict, by: str) -> tuple[list[str], list[list]]:

@@ -4,13 +4,13 @@
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from volta_ml.atomic import atomic_open, atomic_write_json
 
 from .zoo import MatchingScorer, score_condition
 from .data import HIDDEN_LABEL, CVQADataset, load_cvqa
@@ -44,11 +44,8 @@ def run_cvqa(args_dict: dict) -> str:
     `predictions_<condition>.csv` (scores per option), `submission_<condition>.csv` (EvalAI: ID, Prediction),
     `cvqa_<breakdown>.csv`, `cvqa_report.md` and, with labels, `cvqa_pairs.png`.
     """
-    import torch
-
-    from volta_ml.data.text import load_tokenizer
-    from volta_ml.models import from_pretrained, load_config
-
+    from volta_ml.devices import pick_device
+    from volta_ml.engine.run_setup import load_model, model_setup
     from volta_ml.tasks.regions import open_region_view
 
     unknown = set(args_dict) - set(DEFAULTS) - set(REQUIRED)
@@ -62,27 +59,26 @@ def run_cvqa(args_dict: dict) -> str:
         parse_condition(condition)
     out_dir = Path(args["output_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    device = torch.device("cuda" if args["device"] == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args["device"] == "auto" else args["device"]))
+    device = pick_device(args["device"])
 
     dataset = load_cvqa(args["data"], revision=args["revision"], limit=args["limit"])
     if args["detector_weights"] or args["preset"]:
         _extract_missing(args, dataset, device)
-    config = load_config(args["config"])
+    setup = model_setup(args["config"], bert_model=args["bert_model"], do_lower_case=args["do_lower_case"])
+    config, tokenizer = setup.config, setup.tokenizer
     task_cfg = task_ids = None
     if args["kind"] == "tasks":
         if not args["task_id"]:
             raise KeyError("run_cvqa: kind 'tasks' needs task_id (the VL-logit retrieval head, e.g. TASK8)")
         task_cfg, task_ids = {args["task_id"]: {"type": "VL-logit", "num_labels": 1}}, [args["task_id"]]
-    model, load_report = from_pretrained(args["checkpoint"], config, task_cfg, task_ids, kind=args["kind"])
+    model, load_report = load_model(config, args["checkpoint"], task_cfg, task_ids, kind=args["kind"])
     head_prefix = "cls.bi_seq_relationship." if args["kind"] == "pretraining" else f"clfs_dict.{args['task_id']}."
     if any(k.startswith(head_prefix) for k in load_report.missing_keys):
         raise ValueError(f"{args['checkpoint']}: the matching head ({head_prefix}*) is not in the checkpoint, so "
                          "its scores would be random; use a pretrained checkpoint (kind pretraining) or a "
                          "retrieval fine-tuned one with its task id (kind tasks)")
-    model.to(device)
+    model.to(device).eval()
     scorer = MatchingScorer(model, args["task_id"])
-    tokenizer = load_tokenizer(args["bert_model"], do_lower_case=args["do_lower_case"])
     view = open_region_view(args["features"], config, {"name": "CVQA", "max_region_num": args["max_region_num"]})
     missing_images = sorted({q.image_id for q in dataset.questions if q.image_id not in view})
 
@@ -173,6 +169,4 @@ def _text_stats(dataset: CVQADataset, texts) -> dict:
 
 
 def _save_json(path: Path, payload: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_json(path, payload, indent=2, ensure_ascii=False)

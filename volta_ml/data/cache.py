@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from volta_ml.atomic import atomic_open
 from volta_ml.data.text import encode_texts
+from volta_ml.digest import file_digest
 
 CACHE_FORMAT = 1
 
@@ -23,14 +24,6 @@ def default_cache_dir() -> Path:
     root = os.environ.get("VOLTA_ML_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "volta_ml")
     return Path(root) / "tokens"
-
-
-def file_digest(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class TokenCache:
@@ -64,13 +57,6 @@ class TokenCache:
             except (OSError, ValueError, KeyError):
                 pass  # unreadable (e.g. a crashed writer on another filesystem): rebuild it
         ids, lengths = encode_texts(tokenizer, texts, max_seq_length)
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                np.savez(handle, ids=ids, lengths=lengths)
-            os.replace(tmp, file)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with atomic_open(file, "wb") as handle:
+            np.savez(handle, ids=ids, lengths=lengths)
         return ids, lengths

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+# `--bert_model` when neither the command line nor the model config names a tokenizer (VOLTA's default)
+VOLTA_DEFAULT_TOKENIZER = "bert-base-uncased"
+
 # Files whose bytes define a tokenizer; hashed to identify it in cache keys.
 _TOKENIZER_FILES = (
     "tokenizer.json", "vocab.txt", "sentencepiece.bpe.model", "spiece.model", "vocab.json", "merges.txt",

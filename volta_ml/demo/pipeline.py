@@ -40,7 +40,7 @@ def say(message: str = "") -> None:
 
 
 def _train_args(entry: dict, seed: int, threads: int):
-    from volta_ml.engine.train_flags import build_parser
+    from volta_ml.cli.train_flags import build_parser
 
     args = build_parser().parse_args([])
     args.seed = seed
@@ -64,7 +64,7 @@ def run_demo(out_dir: str | Path, size: str = "full", seed: int = 0, threads: in
     from volta_ml.engine.distributed import DistInfo
     from volta_ml.engine.evaluate import evaluate
     from volta_ml.engine.train import TrainJob, train
-    from volta_ml.engine.train_cli import seed_everything
+    from volta_ml.cli.train_task import seed_everything
     from volta_ml.features import open_writer
     from volta_ml.features.extract import FailureLog, extract_images, load_given_boxes
     from volta_ml.tasks import family_for
@@ -158,7 +158,7 @@ def run_demo(out_dir: str | Path, size: str = "full", seed: int = 0, threads: in
                            file=sys.stderr):
         result = evaluate(model, dataset("test", path), family, demo_stages.TASK_KEY,
                           batch_size=entry["eval_batch_size"], progress=False)
-        scores[name], predictions[name] = result.score, result.predictions
+        scores[name], predictions[name] = result.score_percent, result.predictions
     seconds["evaluate"] = time.time() - start
 
     # 5. report -----------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
+from volta_ml.devices import pick_device
+
 
 @dataclass
 class DistInfo:
@@ -63,23 +65,6 @@ def detect_launch(env=os.environ) -> dict | None:
         return {"rank": int(env["SLURM_PROCID"]), "world_size": int(env["SLURM_NTASKS"]),
                 "local_rank": int(env.get("SLURM_LOCALID", 0)), "env": rendezvous}
     return None
-
-
-def pick_device(requested: str | None, local_rank: int) -> torch.device:
-    """`--device`: None/"auto" -> CUDA when available; "cuda" -> cuda:<local rank>; "cuda:N" as given."""
-    from volta_ml.engine.failures import UsageError
-    if requested in (None, "", "auto"):
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(requested)
-    except RuntimeError as error:
-        raise UsageError(f"--device {requested}: {error}") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device {requested} was requested but torch sees no CUDA device")
-        if device.index is None:
-            device = torch.device("cuda", max(local_rank, 0) % torch.cuda.device_count())
-    return device
 
 
 DEFAULT_TIMEOUT_S = 600

@@ -1,36 +1,46 @@
-"""The evaluation loop shared by eval_task and the trainer's validation.
+"""The one evaluation loop: eval_task.py's evaluation and the trainer's validation.
 
 `evaluate(model, dataset, family, task_id, ...)` runs the model over a task dataset (batched, DataLoader
-workers, CPU or CUDA, optional autocast) and returns VOLTA's figures: loss = Σ(loss_b·B_b)/ΣB_b and
-score = 100·Σscore_b/ΣB_b, where B_b counts examples; plus per-example prediction rows in dataset order.
-All accumulators are sums and every prediction row carries its dataset index, so a sharded run can
-all-reduce the sums and gather the rows.
+workers, CPU or CUDA, autocast in `precision` "none" | "bf16" | "fp16") and returns VOLTA's figures:
+loss = Σ(loss_b·B_b)/ΣB_b and score = Σscore_b/ΣB_b (a fraction; `score_percent` is the ×100 that VOLTA's
+Validation line prints), where B_b counts examples; plus per-example prediction rows in dataset order.
+Batches are moved to the model's device here. With `info` of a multi-process run, the sums are all-reduced,
+so every rank returns the figures of the whole set (pass a sharded `loader`).
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
-from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from volta_ml.engine.distributed import DistInfo, all_reduce_sum
 from volta_ml.engine.failures import die_with_parent
-
 from volta_ml.tasks.common import model_device
+
+logger = logging.getLogger("volta_ml.evaluate")
+PRECISIONS = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
 class EvalResult:
     loss: float              # mean loss per example
-    score: float             # 100 · Σ score / Σ examples
+    score: float             # Σ score / Σ examples (a fraction)
     loss_sum: float
     score_sum: float
     n_examples: int
     n_batches: int
     predictions: list[dict] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
+
+    @property
+    def score_percent(self) -> float:
+        return 100.0 * self.score_sum / self.n_examples if self.n_examples else 0.0
 
 
 def make_loader(dataset, batch_size: int, num_workers: int = 0, drop_last: bool = False, sampler=None,
@@ -40,30 +50,59 @@ def make_loader(dataset, batch_size: int, num_workers: int = 0, drop_last: bool 
                       persistent_workers=False, worker_init_fn=die_with_parent if num_workers else None)
 
 
-def autocast_context(device: torch.device, amp: bool):
-    if not amp:
-        return nullcontext()
-    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+def autocast(precision: str, device: torch.device):
+    """`torch.autocast` for "bf16" / "fp16", nothing for "none"."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if PRECISIONS[precision] is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=PRECISIONS[precision])
 
 
-def evaluate(model, dataset, family, task_id: str, *, batch_size: int = 30, num_workers: int = 0,
-             loader: DataLoader | None = None, amp: bool = False, loss_name: str | None = None,
-             max_batches: int | None = None, keep_predictions: bool = True, progress: bool = True,
-             desc: str | None = None, progress_file=None) -> EvalResult:
-    """Evaluate `model` on `dataset` with `family.forward_and_loss`.
+def amp_precision(amp: bool, device: torch.device) -> str:
+    """The evaluation commands' `--amp` switch: fp16 on CUDA, bf16 on CPU."""
+    return "none" if not amp else "fp16" if device.type == "cuda" else "bf16"
+
+
+def move_to_device(batch, device: torch.device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: move_to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(value, device) for value in batch)
+    return batch
+
+
+def as_tensor(value, device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device=device, dtype=torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64, device=device)
+
+
+def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss: Callable | None = None,
+             batch_size: int = 30, num_workers: int = 0, loader: DataLoader | None = None,
+             precision: str = "none", loss_name: str | None = None, max_batches: int | None = None,
+             keep_predictions: bool = True, progress: bool = True, desc: str | None = None, progress_file=None,
+             info: DistInfo | None = None) -> EvalResult:
+    """Evaluate `model` on `dataset` with `family.forward_and_loss` (or `forward_and_loss(model, batch,
+    task_id)`, e.g. a training job's; then there are no prediction rows).
 
     `loader` (optional) replaces the default sequential DataLoader (e.g. a sharded sampler); `max_batches`
     evaluates exactly that many batches (VOLTA's `--max_val_batches N` means N-1 of them: pass N-1).
     The model is put in eval mode and restored to its previous mode afterwards.
     """
     device = model_device(model)
+    if forward_and_loss is None:
+        def forward_and_loss(model, batch, task_id):
+            return family.forward_and_loss(model, batch, task_id, loss_name)
+    keep_predictions = keep_predictions and family is not None
     if loader is None:
         loader = make_loader(dataset, batch_size, num_workers, pin_memory=device.type == "cuda")
     was_training = model.training
     model.eval()
-    loss_sum = score_sum = 0.0
-    n_examples = n_batches = 0
+    sums = torch.zeros(3, dtype=torch.float64, device=device)   # Σ loss·n, Σ score, Σ n: no sync per batch
+    n_batches = 0
     rows: list[tuple[int, dict]] = []
     total = len(loader) if max_batches is None else min(len(loader), max_batches)
     bar = tqdm(total=total, desc=desc or task_id, disable=not progress, file=progress_file or sys.stdout,
@@ -73,11 +112,11 @@ def evaluate(model, dataset, family, task_id: str, *, batch_size: int = 30, num_
             for batch in loader:
                 if max_batches is not None and n_batches >= max_batches:
                     break
-                with autocast_context(device, amp):
-                    loss, score, count, logits = family.forward_and_loss(model, batch, task_id, loss_name)
-                loss_sum += float(loss) * count
-                score_sum += float(score)
-                n_examples += int(count)
+                batch = move_to_device(batch, device)
+                with autocast(precision, device):
+                    loss, score, count, logits = forward_and_loss(model, batch, task_id)
+                n = as_tensor(count, device)
+                sums += torch.stack([as_tensor(loss, device) * n, as_tensor(score, device), n])
                 n_batches += 1
                 if keep_predictions:
                     predicted = family.predictions(batch, logits.float().cpu(), dataset)
@@ -86,11 +125,18 @@ def evaluate(model, dataset, family, task_id: str, *, batch_size: int = 30, num_
     finally:
         bar.close()
         model.train(was_training)
+    if info is not None:
+        all_reduce_sum(sums, info)
+    loss_sum, score_sum, n_examples = sums.tolist()
+    n_examples = int(n_examples)
+    if n_examples == 0:
+        logger.warning("%s: evaluated no examples (an empty set, or --max_val_batches 1, which evaluates 0 "
+                       "batches as in VOLTA)", desc or task_id)
     rows.sort(key=lambda pair: pair[0])
     predictions = [row for _, row in rows]
     return EvalResult(
         loss=loss_sum / n_examples if n_examples else 0.0,
-        score=100.0 * score_sum / n_examples if n_examples else 0.0,
+        score=score_sum / n_examples if n_examples else 0.0,
         loss_sum=loss_sum, score_sum=score_sum, n_examples=n_examples, n_batches=n_batches,
         predictions=predictions,
         metrics=family.extra_metrics(predictions, task_id) if keep_predictions else {},

@@ -36,7 +36,8 @@ DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG}
 # Errors caused by inputs (files, flags, configs), by module: reported as one line, exit code 2
 USER_ERRORS = {
     "volta_ml.data": ("AnnotationError", "TokenizerLoadError"),
-    "volta_ml.tasks.common": ("MissingImageError",),
+    "volta_ml.features.records": ("MissingImageError",),
+    "volta_ml.devices": ("DeviceError",),
     "volta_ml.tasks.config": ("TaskConfigError",),
     "volta_ml.models": ("CheckpointError", "ConfigError"),
     "volta_ml.features": ("FeatureStoreError",),

@@ -14,7 +14,6 @@ cheap order. Numbers from this mode are not comparable to IGLUE's and are report
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from volta_ml.atomic import atomic_open
+from volta_ml.atomic import atomic_open, atomic_write_json
 from volta_ml.engine.distributed import DistInfo, barrier, gather_objects
 from volta_ml.engine.retrieval_scorer import IMAGE_KEYS, PairScorer
 
@@ -49,17 +48,6 @@ class ChunkPlan:
         return list(range(info.rank, self.n_chunks, info.world_size))
 
 
-def file_digest(path: str, limit: int | None = None) -> str:
-    """sha1 of a file's bytes (the first `limit` bytes when given; size and mtime are added then)."""
-    digest = hashlib.sha1()
-    with open(path, "rb") as handle:
-        digest.update(handle.read(limit) if limit else handle.read())
-    if limit:
-        stat = os.stat(path)
-        digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()
-
-
 class ChunkStore:
     """Finished chunks on disk, valid only for one fingerprint."""
 
@@ -76,7 +64,7 @@ class ChunkStore:
                 for name in os.listdir(work_dir):
                     if name.startswith("chunk_"):
                         os.unlink(os.path.join(work_dir, name))
-                _atomic_write(manifest, lambda h: h.write(json.dumps(fingerprint, indent=1).encode()))
+                atomic_write_json(manifest, fingerprint, indent=1)
         barrier(info)
         # A rank on a node that does not share rank 0's filesystem sees no (or another) manifest: it never
         # reuses what it finds there, but still saves its chunks.
@@ -94,7 +82,8 @@ class ChunkStore:
             return {k: data[k] for k in data.files}
 
     def save(self, chunk: int, arrays: dict) -> None:
-        _atomic_write(self.path(chunk), lambda h: np.savez(h, **arrays))
+        with atomic_open(self.path(chunk)) as handle:
+            np.savez(handle, **arrays)
 
 
 def _read_json(path: str):
@@ -110,14 +99,10 @@ def _diff(old: dict, new: dict) -> str:
     return "differs in " + ", ".join(keys)
 
 
-def _atomic_write(path: str, write) -> None:
-    with atomic_open(path, "wb") as handle:  # a full disk raises WriteError naming `path`
-        write(handle)
-
-
 def save_array(path: str, array: np.ndarray) -> None:
     """`np.save`, atomically: a crash leaves the old file or none, never a truncated one."""
-    _atomic_write(path, lambda handle: np.save(handle, array))
+    with atomic_open(path) as handle:
+        np.save(handle, array)
 
 
 def _pair_batches(n_captions: int, n_images: int, pair_batch: int):

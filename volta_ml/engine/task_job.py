@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from pathlib import Path
 
 from volta_ml.engine.distributed import DistInfo, barrier
-from volta_ml.engine.flags import resolve_tokenizer_args
 from volta_ml.engine.preflight import check_text_fits
+from volta_ml.engine.run_setup import task_setup
 from volta_ml.engine.train import TrainJob
 
 logger = logging.getLogger("volta_ml.train")
@@ -57,50 +56,35 @@ def resolve_hyperparameters(args, entry: dict, world_size: int) -> None:
 
 
 def build_task_job(args, info: DistInfo) -> TrainJob:
-    from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
-    from volta_ml.models import build_model, load_checkpoint, load_config
-    from volta_ml.tasks import family_for
-    from volta_ml.tasks.config import PathResolver, entry_path, get_task_entry, load_task_config
-    from volta_ml.tasks.regions import features_path, open_region_view
+    from volta_ml.tasks.config import entry_path
+    from volta_ml.tasks.regions import features_path
 
-    task_config = load_task_config(args.tasks_config_file)
-    task_id, entry = get_task_entry(task_config, args.task)
-    entry = PathResolver(args.data_root, args.path_map).resolve_entry(entry)
-    family = family_for(entry)
+    setup = task_setup(args)
+    entry, family, model_config = setup.entry, setup.family, setup.model.config
     resolve_hyperparameters(args, entry, info.world_size)
-
-    model_config = load_config(args.config_file, is_m3p=args.is_m3p or None)
-    if entry.get("fusion_method"):
-        model_config.fusion_method = entry["fusion_method"]
-    bert_model, do_lower_case = resolve_tokenizer_args(args, model_config)
-    if "roberta" in bert_model:  # IGLUE-VOLTA switches the text embedding on the tokenizer path
-        model_config.model = "roberta"
-    tokenizer = load_tokenizer(bert_model, do_lower_case)
     if entry.get("embed_clf"):
         logger.warning("%s: embed_clf (VL-BERT answer-embedding initialisation) is not supported; the head "
                        "keeps its random initialisation", entry["name"])
 
-    cache = TokenCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
     train_features = features_path(entry, "train", args.train_features_lmdbpath)
     val_features = features_path(entry, "val")
-    train_view = open_region_view(train_features, model_config, entry)
-    val_view = train_view if val_features == train_features else open_region_view(val_features, model_config, entry)
-    train_set = family.build_dataset(entry, args.train_split, tokenizer, train_view, token_cache=cache,
+    train_view = setup.region_view(train_features)
+    val_view = train_view if val_features == train_features else setup.region_view(val_features)
+    train_set = family.build_dataset(entry, args.train_split, setup.model.tokenizer, train_view,
+                                     token_cache=setup.token_cache,
                                      annotation_path=entry_path(entry, "train_annotations_jsonpath",
                                                                 args.train_annotations_jsonpath), seed=args.seed)
-    val_set = family.build_dataset(entry, args.val_split, tokenizer, val_view, token_cache=cache,
+    val_set = family.build_dataset(entry, args.val_split, setup.model.tokenizer, val_view,
+                                   token_cache=setup.token_cache,
                                    annotation_path=entry_path(entry, "val_annotations_jsonpath",
                                                               args.val_annotations_jsonpath), seed=args.seed)
 
-    model = build_model(model_config, task_config, [task_id], kind="tasks")
-    check_text_fits(model, entry.get("max_seq_length"), args.config_file, task_id)
-    if not os.path.isfile(args.from_pretrained):
-        raise FileNotFoundError(f"--from_pretrained {args.from_pretrained}: checkpoint not found (volta-ml never "
-                                f"downloads weights)")
-    report = load_checkpoint(model, args.from_pretrained)
+    # as VOLTA: tensors missing from the checkpoint are only logged; a new task head is expected to be missing
+    model, report = setup.load_model(args.from_pretrained, head_expected=False, log=logger)
+    check_text_fits(model, entry.get("max_seq_length"), args.config_file, setup.task_id)
     missing = list(report.missing_keys)
-    if missing:  # as VOLTA: only logged; a new task head is expected to be missing
-        logger.info("weights not in %s: %d (e.g. %s)", args.from_pretrained, len(missing), ", ".join(missing[:5]))
+    task_id = setup.task_id
+    bert_model, do_lower_case = setup.model.bert_model, setup.model.do_lower_case
 
     name = run_name(entry["name"], args.config_file, args.save_name)
     run_dir = Path(args.output_dir) / name

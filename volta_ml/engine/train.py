@@ -3,7 +3,7 @@
 `train(job, args, info)` runs `args.num_epoch` epochs of `job.train_dataset` through
 `job.forward_and_loss(model, batch, task_id) -> (loss, score_sum, n_examples, logits)`,
 validates after every epoch and returns the best validation score (a fraction).
-`args` carries train_task.py's flags (see `volta_ml.engine.train_cli`). docs/training.md
+`args` carries train_task.py's flags (see `volta_ml.cli.train_task`). docs/training.md
 lists which VOLTA quirks are kept and which bugs are fixed.
 """
 from __future__ import annotations
@@ -30,8 +30,9 @@ from volta_ml.engine import checkpointing as ckpt
 from volta_ml.engine.distributed import DistInfo, all_reduce_sum, gather_objects, barrier
 from volta_ml.engine.failures import UsageError
 from volta_ml.engine.optim import build_optimizer, build_scheduler, freeze_fixed_layers, schedule_lengths
-from volta_ml.engine.train_support import (NonFiniteLoss, Precision, Preempted, PreemptionFlag, move_to_device,
-                                           train_loader, val_loader, validate, as_tensor)
+from volta_ml.engine.evaluate import as_tensor, evaluate, move_to_device
+from volta_ml.engine.train_support import (NonFiniteLoss, Precision, Preempted, PreemptionFlag, train_loader,
+                                           val_loader)
 
 logger = logging.getLogger("volta_ml.train")
 
@@ -155,8 +156,10 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
         if max_batches not in val_loaders:
             val_loaders[max_batches] = val_loader(job.val_dataset, args.eval_batch_size, info, args, job.collate_fn,
                                                   max_batches)
-        loss, score, _ = validate(model, val_loaders[max_batches], job.forward_and_loss, job.task_id, info,
-                                  precision)
+        result = evaluate(ckpt.unwrap(model), job.val_dataset, task_id=job.task_id,
+                          forward_and_loss=job.forward_and_loss, loader=val_loaders[max_batches],
+                          precision=precision.mode, progress=False, info=info)
+        loss, score = result.loss, result.score
         log.line(f"Validation [{job.task_name}]: loss {loss:.3f} score {score * 100:.3f} ")
         log.scalars("val", job.task_name, global_step, loss=loss, score=score)
         return score

@@ -1,19 +1,17 @@
-"""Pieces the training loop uses: pre-emption signals, mixed precision, loaders, validation."""
+"""Pieces the training loop uses: pre-emption signals, mixed precision, loaders (validation itself is
+`volta_ml.engine.evaluate.evaluate`, the loop eval_task.py runs)."""
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import signal
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from volta_ml.engine.checkpointing import unwrap
-from volta_ml.engine.distributed import DistInfo, ResumableDistributedSampler, ShardSampler, all_reduce_sum
+from volta_ml.engine.distributed import DistInfo, ResumableDistributedSampler, ShardSampler
+from volta_ml.engine.evaluate import autocast
 from volta_ml.engine.failures import die_with_parent, stop_workers
 
 logger = logging.getLogger("volta_ml.train")
@@ -84,10 +82,7 @@ class Precision:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.mode == "fp16")
 
     def autocast(self):
-        if self.mode == "none":
-            return contextlib.nullcontext()
-        dtype = torch.bfloat16 if self.mode == "bf16" else torch.float16
-        return torch.autocast(device_type=self.device.type, dtype=dtype)
+        return autocast(self.mode, self.device)
 
 
 def train_loader(dataset: Dataset, batch_size: int, info: DistInfo, args, collate_fn) -> DataLoader:
@@ -114,47 +109,3 @@ def val_loader(dataset: Dataset, batch_size: int, info: DistInfo, args, collate_
                       num_workers=workers, collate_fn=collate_fn, pin_memory=info.device.type == "cuda",
                       worker_init_fn=_ignore_preemption_in_worker if workers else None,
                       persistent_workers=workers > 0)  # built once per run: no fork per evaluation
-
-
-def move_to_device(batch, device: torch.device):
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {key: move_to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to_device(value, device) for value in batch)
-    return batch
-
-
-def as_tensor(value, device) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to(device=device, dtype=torch.float64)
-    return torch.tensor(float(value), dtype=torch.float64, device=device)
-
-
-@torch.no_grad()
-def validate(model: nn.Module, loader: DataLoader, forward_and_loss: Callable, task_id: str,
-             info: DistInfo, precision: Precision) -> tuple[float, float, int]:
-    """(mean loss, score fraction, examples) over the whole validation set, all ranks summed.
-
-    Loss is weighted by examples (Σ loss_b·n_b / Σ n_b) and score = Σ score_b / Σ n_b,
-    as VOLTA's validation line reports them.
-    """
-    bare = unwrap(model)
-    was_training = bare.training
-    bare.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=info.device)
-    for batch in loader:
-        batch = move_to_device(batch, info.device)
-        with precision.autocast():
-            loss, score_sum, n_examples, _ = forward_and_loss(bare, batch, task_id)
-        n = as_tensor(n_examples, info.device)
-        sums += torch.stack([as_tensor(loss, info.device) * n, as_tensor(score_sum, info.device), n])
-    all_reduce_sum(sums, info)
-    bare.train(was_training)
-    loss_sum, score_sum, count = sums.tolist()
-    if count == 0:
-        logger.warning("validation saw no examples (empty val set, or --max_val_batches 1, which "
-                       "evaluates 0 batches as in VOLTA)")
-        return 0.0, 0.0, 0
-    return loss_sum / count, score_sum / count, int(count)

@@ -8,6 +8,7 @@ Public API (see docs/architecture.md and docs/features.md):
 from __future__ import annotations
 
 from .detect import detect_format
+from .formats import FORMATS, reader_class
 from .records import (FeatureDimError, FeatureRecord, FeatureStoreError, IncompleteStoreError,
                       MissingImageError)
 from .region_view import RegionSample, RegionView, box_locations
@@ -16,35 +17,13 @@ from .writers import open_writer
 
 Record = FeatureRecord
 
-__all__ = ["open_store", "open_writer", "detect_format", "RegionView", "RegionSample",
+__all__ = ["open_store", "open_writer", "detect_format", "FORMATS", "RegionView", "RegionSample",
            "FeatureRecord", "Record", "FeatureStoreError", "IncompleteStoreError",
            "FeatureDimError", "MissingImageError", "UnsafePickleError", "box_locations"]
-
-
-def _reader_class(fmt: str):
-    if fmt == "native":
-        from .native_store import NativeStore
-        return NativeStore
-    if fmt == "volta-lmdb":
-        from .volta_lmdb import VoltaLmdbStore
-        return VoltaLmdbStore
-    if fmt == "td-lmdb":
-        from .td_lmdb import TdLmdbStore
-        return TdLmdbStore
-    if fmt == "h5":
-        from .h5_store import H5Store
-        return H5Store
-    if fmt == "npy":
-        from .npy_store import NpyStore
-        return NpyStore
-    if fmt == "tsv":
-        from .tsv_store import TsvStore
-        return TsvStore
-    raise ValueError(f"unknown feature store format {fmt!r}")
 
 
 def open_store(path, fmt: str | None = None, feature_dim: int | None = None):
     """Open a feature store read-only; `fmt` overrides detection, `feature_dim` is enforced."""
     path = str(path)
     fmt = fmt or detect_format(path)
-    return _reader_class(fmt)(path, expected_dim=feature_dim)
+    return reader_class(fmt)(path, expected_dim=feature_dim)

@@ -1,12 +1,11 @@
 """`volta-ml features convert|inspect|verify` (and `extract` when that module is installed)."""
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import sys
 
-from .writers import WRITABLE_FORMATS
+from .extract_cli import register_extract
+from .formats import WRITABLE_FORMATS
 
 
 def _convert(args) -> int:
@@ -98,8 +97,6 @@ def register(subparsers) -> None:
     ver.add_argument("--feature-dim", type=int, default=None)
     ver.set_defaults(func=_guard(_verify))
 
-    # The extraction engineer's `extract` action lands separately; hook it in when present.
-    if importlib.util.find_spec("volta_ml.features.extract_cli") is not None:
-        importlib.import_module("volta_ml.features.extract_cli").register_extract(sub)
+    register_extract(sub)
 
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])

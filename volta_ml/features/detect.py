@@ -4,25 +4,20 @@ from __future__ import annotations
 import os
 
 from .base import shared_readonly_env
+from .formats import lmdb_markers
 from .records import FeatureStoreError, IncompleteStoreError
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 def _lmdb_kind(path: str) -> str:
-    from .native_store import META_KEY
-    from .td_lmdb import TD_KEYS_KEY
-    from .volta_lmdb import KEYS_KEY
     env = shared_readonly_env(path)  # kept open: the reader opened next reuses it
     if env.stat()["entries"] == 0:
         raise IncompleteStoreError(path, "empty LMDB (no records)")
     with env.begin() as txn:
-        if txn.get(META_KEY) is not None:
-            return "native"
-        if txn.get(KEYS_KEY) is not None:
-            return "volta-lmdb"
-        if txn.get(TD_KEYS_KEY) is not None:
-            return "td-lmdb"
+        for fmt, marker in lmdb_markers():
+            if txn.get(marker) is not None:
+                return fmt
         first = next(txn.cursor().iternext(keys=True, values=False), b"")
     if first.isdigit() and len(first) == 8:
         raise IncompleteStoreError(path, "td-LMDB without its b'__keys__' record: half-written "

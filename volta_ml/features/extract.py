@@ -207,12 +207,6 @@ def extract_images(model, preset: Preset, items: list[tuple[str, Path]], writer,
     return summary
 
 
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def stage_path(out: str | Path) -> str:
     return os.fspath(out) + ".staging"
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from volta_ml.devices import pick_device
+
 from .detectors.presets import PRESETS, get_preset
 from .images import DEFAULT_MAX_PIXELS
 
@@ -120,7 +122,7 @@ def finish_output(out: str, staging: str | None, progress: bool = True) -> None:
 def run_extract(args) -> int:
     from .detectors.checkpoints import load_weights
     from .extract import (FailureLog, check_run_settings, extract_images, image_id_for, list_images,
-                          load_given_boxes, pick_device)
+                          load_given_boxes)
     from .vocab import load_vg_vocab
 
     preset = get_preset(args.preset)

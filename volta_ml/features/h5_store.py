@@ -1,4 +1,4 @@
-"""boxes36 H5 files (spec §4.1): one group per image, named by the image id.
+"""boxes36 H5 files: one group per image, named by the image id.
 
 Each group holds `features` (N, D) float32, `boxes` (N, 4), `img_w`/`img_h`
 int64 scalars and optional `obj_id`, `obj_conf`, `attr_id`, `attr_conf`,

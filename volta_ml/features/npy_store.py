@@ -1,4 +1,4 @@
-"""npy-per-image directories (X101 features, spec §4.2).
+"""npy-per-image directories (X101 features).
 
 `<stem>.npy`: float32 (N, D) features; `<stem>_info.npy`: a 0-d object array
 holding a dict with `bbox`, `num_boxes`, `objects`, `cls_prob`, `image_width`,
@@ -11,6 +11,8 @@ import os
 import shutil
 
 import numpy as np
+
+from volta_ml.atomic import atomic_open
 
 from .base import FeatureStore, StoreWriter
 from .records import FeatureStoreError, IncompleteStoreError, make_record
@@ -101,10 +103,8 @@ class NpyWriter(StoreWriter):
         self._closed = False
 
     def _save(self, path: str, array, allow_pickle=False) -> None:
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
+        with atomic_open(path, durable=False) as f:   # the folder is renamed into place at close
             np.save(f, array, allow_pickle=allow_pickle)
-        os.replace(tmp, path)
 
     def put(self, image_id, features, boxes, image_w, image_h, **extra) -> None:
         key = str(image_id)

@@ -47,9 +47,11 @@ class FeatureDimError(FeatureStoreError):
 
 
 class MissingImageError(KeyError):
-    """An image id is not in the store; the message lists near matches."""
+    """Image ids that are not in a feature store: one looked up (the message lists near matches), or the
+    ones an annotation file names (`in_annotations`, the message lists them with their lines)."""
 
-    def __init__(self, image_id: str, store: str, known_ids: Iterable[str] | None = None):
+    def __init__(self, image_id: str, store: str, known_ids: Iterable[str] | None = None,
+                 message: str | None = None):
         near: list[str] = []
         if known_ids is not None:
             pool = list(known_ids)
@@ -58,11 +60,19 @@ class MissingImageError(KeyError):
                 pool = [k for k in pool if abs(len(k) - size) <= 2]
             near = difflib.get_close_matches(str(image_id), pool, n=3, cutoff=0.6)
         hint = f"; near matches: {', '.join(repr(n) for n in near)}" if near else ""
-        self.message = f"image id {image_id!r} not in feature store {store}{hint}"
+        self.message = message or f"image id {image_id!r} not in feature store {store}{hint}"
         super().__init__(self.message)
         self.image_id = image_id
         self.store = store
         self.near_matches = near
+
+    @classmethod
+    def in_annotations(cls, missing: list[tuple[str, int]], annotation_path, store: str) -> "MissingImageError":
+        """`missing`: (image id, annotation line) pairs; the first five are named."""
+        shown = "; ".join(f"image id {i!r} (annotation line {line})" for i, line in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        return cls(missing[0][0], store, message=f"{len(missing)} image(s) of {annotation_path} are not in the "
+                                                 f"feature store {store}: {shown}{more}")
 
     def __str__(self) -> str:  # KeyError would repr() the message otherwise
         return self.message

@@ -1,4 +1,4 @@
-"""LXMERT / Caffe BUTD TSV files (spec §4.3): one image per line, base64 array columns.
+"""LXMERT / Caffe BUTD TSV files: one image per line, base64 array columns.
 
 Layouts, told apart by column count:
 - 6 columns, Caffe `generate_tsv.py`: image_id, image_w, image_h, num_boxes, boxes, features;

@@ -1,6 +1,6 @@
 """VOLTA's keyed LMDB ("format: lmdb"): one pickled dict per image plus a b"keys" list.
 
-Two producers, told apart by the *type* of each array field (spec §4.4):
+Two producers, told apart by the *type* of each array field:
 - `h5_to_lmdb.py` stores raw numpy arrays (`features`, `boxes`, ...), numpy
   int64 `img_w`/`img_h`, and `img_id`;
 - `npy_to_lmdb.py` stores base64 bytes for `features`/`boxes`, Python ints for

@@ -1,7 +1,7 @@
-"""`open_writer(path, fmt)`: one entry point for every writable format."""
+"""`open_writer(path, fmt)`: one entry point for every writable format (the writers of `formats.FORMATS`)."""
 from __future__ import annotations
 
-WRITABLE_FORMATS = ("native", "volta-lmdb", "td-lmdb", "h5", "npy")
+from .formats import writer_class
 
 
 def open_writer(path, fmt: str = "native", **meta):
@@ -15,20 +15,4 @@ def open_writer(path, fmt: str = "native", **meta):
     h5:         boxes36-style group per image.   npy: <stem>.npy + <stem>_info.npy.
     Extra fields (objects, objects_conf, attrs, attrs_conf, cls_prob, ...) are stored when given.
     """
-    path = str(path)
-    if fmt == "native":
-        from .native_store import NativeWriter
-        return NativeWriter(path, **meta)
-    if fmt == "volta-lmdb":
-        from .volta_lmdb import VoltaLmdbWriter
-        return VoltaLmdbWriter(path, **meta)
-    if fmt == "td-lmdb":
-        from .td_lmdb import TdLmdbWriter
-        return TdLmdbWriter(path, **meta)
-    if fmt == "h5":
-        from .h5_store import H5Writer
-        return H5Writer(path, **meta)
-    if fmt == "npy":
-        from .npy_store import NpyWriter
-        return NpyWriter(path, **meta)
-    raise ValueError(f"unknown writer format {fmt!r}; choose from {', '.join(WRITABLE_FORMATS)}")
+    return writer_class(fmt)(str(path), **meta)

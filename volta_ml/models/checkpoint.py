@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from volta_ml.atomic import atomic_open
+
 logger = logging.getLogger(__name__)
 
 
@@ -97,27 +99,29 @@ def _aliases(model: nn.Module) -> dict[str, str]:
 
 
 def save_checkpoint(model: nn.Module, path: str | os.PathLike, config=None) -> Path:
-    """Write the model's state dict: `.safetensors` (aliases recorded in metadata) or VOLTA's torch format.
-
-    The file is written to a temporary name first and renamed, so an interrupted save never leaves a
-    truncated checkpoint under the final name.
-    """
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    """Write the model's state dict: `.safetensors` (aliases recorded in metadata) or VOLTA's torch format."""
     model = getattr(model, "module", model)
     sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    tmp = p.with_name(p.name + ".tmp")
-    if p.suffix == ".safetensors":
-        from safetensors.torch import save_file
-        aliases = _aliases(model)
-        unique = {k: v.contiguous() for k, v in sd.items() if k not in aliases}
-        meta = {"format": "pt", "producer": "volta-ml", "aliases": json.dumps(aliases)}
-        if config is not None:
-            meta["config"] = config.to_json_string()
-        save_file(unique, str(tmp), metadata=meta)
-    else:
-        torch.save(sd, tmp)
-    os.replace(tmp, p)
+    return save_state_dict(sd, path, _aliases(model), config)
+
+
+def save_state_dict(sd: dict[str, torch.Tensor], path: str | os.PathLike, aliases: dict[str, str] | None = None,
+                    config=None) -> Path:
+    """`.safetensors` (each tensor once; `aliases` {alias key: stored key} and the config in the metadata) or
+    VOLTA's torch format (every key). Written through `volta_ml.atomic`, so an interrupted save never leaves a
+    truncated checkpoint under the final name."""
+    p = Path(path)
+    aliases = aliases or {}
+    with atomic_open(p) as handle:
+        if p.suffix == ".safetensors":
+            from safetensors.torch import save
+            unique = {k: v.contiguous() for k, v in sd.items() if k not in aliases}
+            meta = {"format": "pt", "producer": "volta-ml", "aliases": json.dumps(aliases)}
+            if config is not None:
+                meta["config"] = config.to_json_string()
+            handle.write(save(unique, metadata=meta))
+        else:
+            torch.save(sd, handle)
     return p
 
 

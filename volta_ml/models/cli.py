@@ -1,12 +1,11 @@
 """`volta-ml models ...`: list configs, inspect a config or checkpoint, convert checkpoints, self-test."""
 from __future__ import annotations
 
-import json
 import time
 
 import torch
 
-from .checkpoint import load_checkpoint, read_state_dict, save_checkpoint
+from .checkpoint import load_checkpoint, read_state_dict, save_checkpoint, save_state_dict
 from .config import available_configs, load_config
 from .factory import build_model
 
@@ -78,19 +77,14 @@ def cmd_inspect(args) -> int:
 
 def cmd_convert(args) -> int:
     sd = read_state_dict(args.src)
-    if args.dst.endswith(".safetensors"):
-        from safetensors.torch import save_file
-        seen, aliases, unique = {}, {}, {}
-        for k, v in sd.items():
-            key = (v.data_ptr(), tuple(v.shape), v.dtype)
-            if key in seen and v.numel():
-                aliases[k] = seen[key]
-            else:
-                seen[key], unique[k] = k, v.contiguous()
-        save_file(unique, args.dst, metadata={"format": "pt", "producer": "volta-ml",
-                                               "aliases": json.dumps(aliases)})
-    else:
-        torch.save(sd, args.dst)
+    seen, aliases = {}, {}   # keys sharing one tensor are stored once in safetensors
+    for k, v in sd.items():
+        key = (v.data_ptr(), tuple(v.shape), v.dtype)
+        if key in seen and v.numel():
+            aliases[k] = seen[key]
+        else:
+            seen[key] = k
+    save_state_dict(sd, args.dst, aliases)
     print(f"wrote {len(sd)} keys to {args.dst}")
     return 0
 

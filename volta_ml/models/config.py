@@ -239,10 +239,14 @@ class M3PConfig(VLConfig):
             raise ConfigError(f"{self._source}: emb_dim {self.emb_dim} is not divisible by n_heads {self.n_heads}")
 
 
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "resources" / "config_models"
+
+
 def config_dirs() -> list[Path]:
-    """Where named configs are looked up: $VOLTA_ML_CONFIG_DIR, then the repository's config_models/."""
+    """Where named configs are looked up: $VOLTA_ML_CONFIG_DIR, then the configs shipped inside the package
+    (`volta_ml/resources/config_models/`; the repository's top-level `config_models/` holds the same files)."""
     dirs = [Path(p) for p in os.environ.get("VOLTA_ML_CONFIG_DIR", "").split(os.pathsep) if p]
-    dirs.append(Path(__file__).resolve().parents[2] / "config_models")
+    dirs.append(SHIPPED_DIR)
     return dirs
 
 

@@ -1,4 +1,4 @@
-"""Text, image and joint embeddings of every VOLTA family (section 3 of the model contract).
+"""Text, image and joint embeddings of every VOLTA family.
 
 Every module returns `(text_embeddings [B,L,H], vision_embeddings [B,R,Hv])` from the VOLTA inputs.
 Dual-stream models combine a text module (`bert.embeddings`) with an image module (`bert.v_embeddings`);
@@ -155,23 +155,28 @@ class VisualBertEmbeddings(nn.Module):
 from .vlbert_embeddings import VLBertEmbeddings  # noqa: E402  (kept in its own file: it is the longest)
 
 
+def _dual_stream(image_embeddings):
+    def build(config: VLConfig):
+        # the text embedding class follows the config's bert_model, as VOLTA's BertModel chooses it
+        return BertTextEmbeddings(config, roberta="roberta" in config.bert_model), image_embeddings(config)
+    return build
+
+
+# image_embeddings -> (config -> (`bert.embeddings`, `bert.v_embeddings` or None)): one row per family
+EMBEDDINGS = {
+    "vilbert": _dual_stream(VilbertImageEmbeddings),
+    "lxmert": _dual_stream(LxmertImageEmbeddings),
+    "uniter": lambda config: (UniterEmbeddings(config), None),
+    "uc2": lambda config: (UniterEmbeddings(config, uc2=True), None),
+    "visualbert": lambda config: (VisualBertEmbeddings(config), None),
+    "vl-bert": lambda config: (VLBertEmbeddings(config), None),
+}
+
+
 def build_embeddings(config: VLConfig) -> tuple[nn.Module, nn.Module | None]:
     """(`bert.embeddings`, `bert.v_embeddings` or None) for a config."""
-    kind = config.image_embeddings
-    if kind in ("vilbert", "lxmert"):
-        if "roberta" in config.bert_model:
-            text = BertTextEmbeddings(config, roberta=True)
-        else:
-            text = BertTextEmbeddings(config)
-        image = VilbertImageEmbeddings(config) if kind == "vilbert" else LxmertImageEmbeddings(config)
-        return text, image
-    if kind == "uniter":
-        return UniterEmbeddings(config), None
-    if kind == "uc2":
-        return UniterEmbeddings(config, uc2=True), None
-    if kind == "visualbert":
-        return VisualBertEmbeddings(config), None
-    if kind == "vl-bert":
-        return VLBertEmbeddings(config), None
-    raise ConfigError(f"{config.source}: image_embeddings {kind!r} has no BertModel embedding; "
-                      "M3P configs build the M3P model (image_embeddings \"m3p\")")
+    build = EMBEDDINGS.get(config.image_embeddings)
+    if build is None:
+        raise ConfigError(f"{config.source}: image_embeddings {config.image_embeddings!r} has no BertModel "
+                          "embedding; M3P configs build the M3P model (image_embeddings \"m3p\")")
+    return build(config)

@@ -1,4 +1,4 @@
-"""Poolers, fusion, task heads and pretraining heads (section 4 of the model contract)."""
+"""Poolers, fusion, task heads and pretraining heads."""
 from __future__ import annotations
 
 import torch

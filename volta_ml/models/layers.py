@@ -43,7 +43,7 @@ def _size(overrides: dict, n: int, default: int) -> int:
 
 
 class SublayerSpec:
-    """What one sub-layer number means under a config (section 2.1 of the model contract)."""
+    """What one sub-layer number means under a config."""
 
     def __init__(self, config: VLConfig, n: int):
         self.n = n

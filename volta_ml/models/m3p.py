@@ -9,9 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ConfigError, M3PConfig
-from .heads import build_task_head, is_region_head
-from .layers import init_weights
+from .config import M3PConfig
+from .modeling import EncoderOutput, TasksModel, default_masks
 
 M3P_FEATURE_SIZE = 2048   # hard-coded in M3P, whatever v_feature_size says
 M3P_NUM_LOCS = 5
@@ -146,36 +145,20 @@ class M3PModel(nn.Module):
         self.pooler = self.encoder.pooled_layer   # alias key bert.pooler.dense.*
 
 
-class M3PTasksModel(nn.Module):
-    """VOLTA's M3PForVLTasks. Same call as VLTasksModel; returns the head output."""
+class M3PTasksModel(TasksModel):
+    """VOLTA's M3PForVLTasks: backbone `bert` (M3PModel), heads on the pooled first position."""
 
-    def __init__(self, config: M3PConfig, task_cfg: dict | None = None, task_ids=None, dropout_prob: float = 0.1):
-        super().__init__()
-        self.config = config
-        self.task_cfg = dict(task_cfg or {})
-        self.bert = M3PModel(config)
-        self.dropout = nn.Dropout(dropout_prob)
-        self.clfs_dict = nn.ModuleDict()
-        for tid in (list(self.task_cfg) if task_ids is None else task_ids):
-            if tid not in self.task_cfg:
-                raise ConfigError(f"task id {tid} is not in the task config (it has {sorted(self.task_cfg)})")
-            if is_region_head(self.task_cfg[tid]):
-                raise NotImplementedError("M3P has no V-logit (region) heads, as in VOLTA")
-            self.clfs_dict[tid] = build_task_head(config, tid, self.task_cfg[tid], config.pooler_size)
-        init_weights(self, config.initializer_range)
+    region_heads = False
+
+    def build_backbone(self, config: M3PConfig) -> nn.Module:
+        return M3PModel(config)
 
     def encode(self, input_txt, input_imgs, image_loc, token_type_ids=None, attention_mask=None,
-               image_attention_mask=None):
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_txt)
-        if image_attention_mask is None:
-            image_attention_mask = torch.ones(input_imgs.shape[:2], dtype=torch.long, device=input_imgs.device)
-        return self.bert.encoder(input_txt, input_imgs, image_loc, attention_mask, image_attention_mask)
-
-    def forward(self, input_txt, input_imgs, image_loc, task_id: str, token_type_ids=None, attention_mask=None,
-                image_attention_mask=None):
-        _, pooled = self.encode(input_txt, input_imgs, image_loc, token_type_ids, attention_mask,
-                                image_attention_mask)
-        if task_id not in self.clfs_dict:
-            raise KeyError(f"no head for task {task_id!r}; this model has {list(self.clfs_dict)}")
-        return self.clfs_dict[task_id](self.dropout(pooled))
+               image_attention_mask=None) -> tuple[EncoderOutput, torch.Tensor]:
+        """The joint sequence is [image || text]: `seq_v` is its first R rows, `seq_t` the rest."""
+        attention_mask, image_attention_mask = default_masks(input_txt, input_imgs, attention_mask,
+                                                             image_attention_mask)
+        joint, pooled = self.bert.encoder(input_txt, input_imgs, image_loc, attention_mask, image_attention_mask)
+        regions = input_imgs.shape[1]
+        out = EncoderOutput(seq_t=joint[:, regions:], seq_v=joint[:, :regions], pooled_t=pooled, pooled_v=None)
+        return out, pooled

@@ -22,7 +22,7 @@ class EncoderOutput:
     layers_v: list[torch.Tensor] = field(default_factory=list)
 
 
-def _default_masks(input_txt, input_imgs, attention_mask, image_attention_mask):
+def default_masks(input_txt, input_imgs, attention_mask, image_attention_mask):
     if attention_mask is None:
         attention_mask = torch.ones_like(input_txt)
     if image_attention_mask is None:
@@ -56,7 +56,7 @@ class VLBertModel(nn.Module):
 
     def forward(self, input_txt, input_imgs, image_loc, token_type_ids=None, attention_mask=None,
                 image_attention_mask=None, output_all_encoded_layers: bool = False) -> EncoderOutput:
-        attention_mask, image_attention_mask = _default_masks(input_txt, input_imgs, attention_mask,
+        attention_mask, image_attention_mask = default_masks(input_txt, input_imgs, attention_mask,
                                                               image_attention_mask)
         t, v = self.embed(input_txt, input_imgs, image_loc, token_type_ids)
         dtype = t.dtype
@@ -136,26 +136,34 @@ def _check_task_ids(task_cfg: dict, task_ids) -> list[str]:
     return task_ids
 
 
-class VLTasksModel(nn.Module):
-    """VOLTA's BertForVLTasks: backbone `bert`, fused pooled vector, one head per task id in `clfs_dict`."""
+class TasksModel(nn.Module):
+    """VOLTA's *ForVLTasks: a backbone `bert`, dropout, and one head per task id in `clfs_dict`.
+
+    A family supplies `build_backbone(config)` and `encode(...) -> (EncoderOutput, pooled vector or None)`;
+    construction, `head()` and `forward()` are shared, so every family's task model is called the same way.
+    """
+
+    region_heads = True   # V-logit heads (one logit per region)
 
     def __init__(self, config: VLConfig, task_cfg: dict | None = None, task_ids=None, dropout_prob: float = 0.1):
         super().__init__()
         self.config = config
         self.task_cfg = dict(task_cfg or {})
-        self.bert = VLBertModel(config)
+        self.bert = self.build_backbone(config)
         self.dropout = nn.Dropout(dropout_prob)   # fixed 0.1 in VOLTA, independent of the config
         self.clfs_dict = nn.ModuleDict()
         for tid in _check_task_ids(self.task_cfg, task_ids):
+            if is_region_head(self.task_cfg[tid]) and not self.region_heads:
+                raise NotImplementedError(f"{type(self).__name__} has no V-logit (region) heads, as in VOLTA")
             self.clfs_dict[tid] = build_task_head(config, tid, self.task_cfg[tid], config.pooler_size)
         init_weights(self, config.initializer_range)
 
+    def build_backbone(self, config: VLConfig) -> nn.Module:
+        raise NotImplementedError
+
     def encode(self, input_txt, input_imgs, image_loc, token_type_ids=None, attention_mask=None,
-               image_attention_mask=None, output_all_encoded_layers=False) -> tuple[EncoderOutput, torch.Tensor]:
-        out = self.bert(input_txt, input_imgs, image_loc, token_type_ids, attention_mask, image_attention_mask,
-                        output_all_encoded_layers)
-        pooled = fuse(self.config, out)
-        return out, pooled
+               image_attention_mask=None) -> tuple[EncoderOutput, torch.Tensor | None]:
+        raise NotImplementedError
 
     def forward(self, input_txt, input_imgs, image_loc, task_id: str, token_type_ids=None, attention_mask=None,
                 image_attention_mask=None):
@@ -175,6 +183,19 @@ class VLTasksModel(nn.Module):
             raise ConfigError(f"fusion_method {self.config.fusion_method!r} gives no pooled vector; only "
                               "V-logit heads work with it")
         return head(self.dropout(pooled))
+
+
+class VLTasksModel(TasksModel):
+    """VOLTA's BertForVLTasks: backbone `bert` (VLBertModel), heads on the fused pooled vector."""
+
+    def build_backbone(self, config: VLConfig) -> nn.Module:
+        return VLBertModel(config)
+
+    def encode(self, input_txt, input_imgs, image_loc, token_type_ids=None, attention_mask=None,
+               image_attention_mask=None, output_all_encoded_layers=False) -> tuple[EncoderOutput, torch.Tensor]:
+        out = self.bert(input_txt, input_imgs, image_loc, token_type_ids, attention_mask, image_attention_mask,
+                        output_all_encoded_layers)
+        return out, fuse(self.config, out)
 
 
 class VLPreTrainingModel(nn.Module):

@@ -1,4 +1,4 @@
-"""VL-BERT's joint embedding (`image_embeddings: "vl-bert"`), section 3.5 of the model contract."""
+"""VL-BERT's joint embedding (`image_embeddings: "vl-bert"`)."""
 from __future__ import annotations
 
 import torch

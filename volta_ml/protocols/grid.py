@@ -90,8 +90,8 @@ def default_commands(python: str = sys.executable) -> dict[str, list[str]]:
 
 
 def _default_task_configs() -> Path:
-    # the repository ships portable IGLUE task configs beside the package
-    return Path(__file__).resolve().parents[2] / "config_tasks"
+    from volta_ml.tasks.config import SHIPPED_DIR   # the portable IGLUE task configs shipped in the package
+    return SHIPPED_DIR
 
 
 def _str_list(value, where: str) -> list[str]:

@@ -1,8 +1,8 @@
-"""IGLUE's protocol settings per task, as the paper runs used them (pipeline spec §h, user-scripts spec §2).
+"""IGLUE's protocol settings per task, as the paper runs used them.
 
 Everything here is a default: a grid file can override any path, list or flag. Paths are relative to the
 grid's `data_root` and use the layout of IGLUE's `datasets/` folder (where it differs from the job scripts,
-user-scripts spec §4, the repository's names are used because that is what users download).
+the repository's names are used because that is what users download).
 """
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ TASKS: dict[str, TaskSpec] = {
 
 
 def finetune_grad_acc(task: str, model: str) -> int:
-    """English fine-tuning gradient accumulation (pipeline spec §h.1)."""
+    """English fine-tuning gradient accumulation (IGLUE's fine-tuning scripts)."""
     if task == "marvl":
         return 2 if model in ENGLISH_ONLY_MODELS | {"ctrl_muniter"} else 4
     return 8 if model == "m3p" else 4

@@ -1,4 +1,4 @@
-"""The transfer protocols as cells of train/eval commands (pipeline spec §h), with IGLUE's settings.
+"""The transfer protocols as cells of train/eval commands, with IGLUE's settings.
 
 Stages, in dependency order:
 - finetune:        English fine-tuning from `pretrained` (only for models without a `finetuned` checkpoint);

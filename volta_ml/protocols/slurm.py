@@ -16,7 +16,7 @@ from .cell import Cell
 from .runners import STAGES, cells_by_stage
 
 DEFAULT_RESOURCES = {"gres": "gpu:1", "cpus_per_task": 8, "mem": "32G", "time": "04:00:00"}
-# IGLUE's declared walltimes are per task and not trustworthy (user-scripts spec §3); these are roomy
+# IGLUE's declared walltimes are per task and not trustworthy; these are roomy
 # defaults per stage, overridable in the grid's slurm.stages.<stage>.
 STAGE_TIME = {"finetune": "24:00:00", "translate_train": "24:00:00", "few_shot_train": "12:00:00"}
 RESOURCE_FLAGS = {"partition": "--partition", "gres": "--gres", "cpus_per_task": "--cpus-per-task",

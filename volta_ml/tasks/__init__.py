@@ -1,33 +1,56 @@
-"""IGLUE task families. Each family module offers the same functions:
+"""IGLUE task families: one module per family, chosen by the task config's `type` in `FAMILIES`.
 
-- `build_dataset(task_entry, split, tokenizer, region_view, *, annotation_path=None, token_cache=None,
-  seed=0) -> Dataset` (batches through `dataset.collate_fn`);
-- `forward_and_loss(model, batch, task_id, loss_name=None) -> (loss, score_sum, n_examples, logits)`;
-- `predictions(batch, logits, dataset) -> list[dict]` (the `<split>_result.json` rows);
-- `extra_metrics(prediction_rows, task_id) -> dict` (e.g. NLVR2/MaRVL consistency).
-See docs/tasks.md.
+Every family module satisfies `TaskFamily` (see docs/tasks.md); adding a family is a new module plus one
+row in `FAMILIES`.
 """
 from __future__ import annotations
 
-from types import ModuleType
+from typing import Protocol
+
+import torch
+from torch.utils.data import Dataset
 
 from volta_ml.tasks import gqa, nlvr2, retrieval, visual_entailment
 from volta_ml.tasks.config import TaskConfigError, get_task_entry, load_task_config
 
-FAMILIES = (visual_entailment, gqa, nlvr2, retrieval)
+
+class TaskFamily(Protocol):
+    """The contract of a task family module."""
+
+    def build_dataset(self, task_entry: dict, split: str, tokenizer, region_view, *, annotation_path=None,
+                      token_cache=None, seed: int = 0) -> Dataset:
+        """The examples of one split; batches come from `dataset.collate_fn`."""
+
+    def forward_and_loss(self, model, batch: dict, task_id: str,
+                         loss_name: str | None = None) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+        """(mean loss, score summed over the batch, examples in the batch, logits)."""
+
+    def predictions(self, batch: dict, logits: torch.Tensor, dataset) -> list[dict]:
+        """The batch's `<split>_result.json` rows."""
+
+    def extra_metrics(self, prediction_rows: list[dict], task_id: str) -> dict:
+        """Figures beyond loss and score (e.g. NLVR2/MaRVL consistency)."""
 
 
-def family_for(task_entry: dict) -> ModuleType:
+# task config `type` -> (family, the prefix its task `name` must have: VOLTA's only VL-logit tasks it
+# evaluates this way are the Retrieval* ones)
+FAMILIES: dict[str, tuple[TaskFamily, str]] = {
+    "VL-tri-classifier": (visual_entailment, ""),     # XVNLI, SNLI-VE
+    "VL-classifier-GQA": (gqa, ""),                   # GQA, xGQA
+    "VL-binary-classifier": (nlvr2, ""),              # NLVR2, MaRVL
+    "VL-logit": (retrieval, "Retrieval"),             # RetrievalFlickr30k, RetrievalxFlickrCO, RetrievalWIT
+}
+
+
+def family_for(task_entry: dict) -> TaskFamily:
     """The family module for a task entry, chosen by its `type` (and `name` for retrieval)."""
     task_type = task_entry.get("type")
-    for family in FAMILIES:
-        if task_type in family.TYPES:
-            if family is retrieval and not str(task_entry.get("name", "")).startswith("Retrieval"):
-                break
-            return family
-    raise TaskConfigError(f"task {task_entry.get('name')!r} of type {task_type!r} is not supported by volta-ml "
-                          f"(supported: XVNLI/SNLI-VE, GQA/xGQA, NLVR2/MaRVL, Retrieval*)")
+    family, prefix = FAMILIES.get(task_type, (None, ""))
+    if family is None or not str(task_entry.get("name", "")).startswith(prefix):
+        raise TaskConfigError(f"task {task_entry.get('name')!r} of type {task_type!r} is not supported by "
+                              f"volta-ml (supported: XVNLI/SNLI-VE, GQA/xGQA, NLVR2/MaRVL, Retrieval*)")
+    return family
 
 
-__all__ = ["FAMILIES", "family_for", "get_task_entry", "load_task_config", "gqa", "nlvr2", "retrieval",
-           "visual_entailment"]
+__all__ = ["FAMILIES", "TaskFamily", "family_for", "get_task_entry", "load_task_config", "gqa", "nlvr2",
+           "retrieval", "visual_entailment"]

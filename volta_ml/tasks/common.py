@@ -9,10 +9,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from volta_ml.data.cache import TokenCache
-
-
-class MissingImageError(LookupError):
-    """An annotation refers to an image id the feature store does not hold."""
+from volta_ml.features import MissingImageError
 
 
 def store_description(region_view) -> str:
@@ -32,13 +29,8 @@ def has_image(region_view, image_id: str) -> bool:
 def check_images(region_view, wanted: list[tuple[str, int]], annotation_path) -> None:
     """Fail before evaluating anything if an annotation line names an image absent from the store."""
     missing = [(image_id, line) for image_id, line in wanted if not has_image(region_view, image_id)]
-    if not missing:
-        return
-    shown = "; ".join(f"image id {i!r} (annotation line {line})" for i, line in missing[:5])
-    more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-    raise MissingImageError(
-        f"{len(missing)} image(s) of {annotation_path} are not in the feature store "
-        f"{store_description(region_view)}: {shown}{more}")
+    if missing:
+        raise MissingImageError.in_annotations(missing, annotation_path, store_description(region_view))
 
 
 def region_arrays(region_view, image_id: str, rows: int | None = None) -> dict[str, np.ndarray]:
@@ -112,6 +104,17 @@ def onehot_score_sum(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor
     return picked.sum()
 
 
+def bce_classify(model, task_id: str, rows: dict, target: torch.Tensor, loss_scale: int = 1):
+    """`(loss, score_sum, n_examples, logits)` of a classifier head trained as VOLTA does: BCE mean over every
+    logit (times `loss_scale`), score = Σ one-hot(argmax) · target."""
+    logits = call_model(model, task_id, rows["input_txt"], rows["input_imgs"], rows["image_loc"],
+                        rows["token_type_ids"], rows["attention_mask"], rows["image_attention_mask"])
+    loss = bce_mean(logits, target)
+    if loss_scale != 1:
+        loss = loss * loss_scale
+    return loss, onehot_score_sum(logits.float(), target), target.size(0), logits
+
+
 @dataclass
 class TextSource:
     """Texts of one annotation file, tokenised once (through the content-keyed cache)."""
@@ -141,6 +144,12 @@ class TaskDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.records)
+
+    def example(self, index: int, regions: dict, target: np.ndarray) -> dict:
+        """One example in VOLTA's names: the region arrays, the tokenised text of `index` (`self.text`, a
+        TextSource), the target and the bookkeeping ids."""
+        return {**regions, **self.text.arrays(index), "target": target,
+                "question_id": self.records[index]["question_id"], "example_index": index}
 
 
 def max_region_rows(task_entry: dict) -> int:

@@ -15,7 +15,8 @@ import yaml
 DATA_ROOT_ENV = "VOLTA_ML_DATA_ROOT"
 PATH_MAP_ENV = "VOLTA_ML_PATH_MAP"
 DATA_ROOT_TOKEN = "{data_root}"
-SHIPPED_DIR = Path(__file__).resolve().parents[2] / "config_tasks"
+# shipped inside the package; the repository's top-level config_tasks/ holds the same files for users
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "resources" / "config_tasks"
 PATH_KEYS = (
     "dataroot", "features_h5path1", "features_h5path2", "train_annotations_jsonpath", "val_annotations_jsonpath",
 )

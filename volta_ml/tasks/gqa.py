@@ -17,12 +17,10 @@ import torch
 
 from volta_ml.data.annotations import AnnotationError, read_json, read_pickle
 from volta_ml.tasks.common import (
-    TaskDataset, TextSource, bce_mean, call_model, check_images, onehot_score_sum, prepare, region_arrays,
+    TaskDataset, TextSource, bce_classify, check_images, prepare, region_arrays,
 )
 from volta_ml.tasks.config import entry_path
 from volta_ml.tasks.serialized import gqa_records, is_serialized
-
-TYPES = ("VL-classifier-GQA",)
 
 
 def load_vocabulary(dataroot: str) -> tuple[dict[str, int], list[str]]:
@@ -101,15 +99,10 @@ class GQADataset(TaskDataset):
 
     def __getitem__(self, index: int) -> dict:
         record = self.records[index]
-        item = region_arrays(self.region_view, record["image_id"])
-        item.update(self.text.arrays(index))
         target = np.zeros(self.num_labels, dtype=np.float32)
         if record["labels"]:
             target[record["labels"]] = record["scores"]
-        item["target"] = target
-        item["question_id"] = record["question_id"]
-        item["example_index"] = index
-        return item
+        return self.example(index, region_arrays(self.region_view, record["image_id"]), target)
 
 
 def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annotation_path=None,
@@ -131,11 +124,7 @@ def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annot
 def forward_and_loss(model, batch: dict, task_id: str, loss_name: str | None = None):
     """`(loss, score_sum, n_examples, logits)`: BCE mean × num_labels; soft one-hot score."""
     batch = prepare(model, batch)
-    logits = call_model(model, task_id, batch["input_txt"], batch["input_imgs"], batch["image_loc"],
-                        batch["token_type_ids"], batch["attention_mask"], batch["image_attention_mask"])
-    target = batch["target"]
-    loss = bce_mean(logits, target) * target.size(1)
-    return loss, onehot_score_sum(logits.float(), target), target.size(0), logits
+    return bce_classify(model, task_id, batch, batch["target"], loss_scale=batch["target"].size(1))
 
 
 def predictions(batch: dict, logits: torch.Tensor, dataset) -> list[dict]:

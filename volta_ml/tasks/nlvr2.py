@@ -16,12 +16,10 @@ import torch
 
 from volta_ml.data.annotations import AnnotationError, read_jsonl, require
 from volta_ml.tasks.common import (
-    TaskDataset, TextSource, bce_mean, call_model, check_images, onehot_score_sum, prepare, region_arrays,
+    TaskDataset, TextSource, bce_classify, check_images, prepare, region_arrays,
 )
 from volta_ml.tasks.config import entry_path
 from volta_ml.tasks.serialized import is_serialized, nlvr2_records
-
-TYPES = ("VL-binary-classifier",)
 
 
 def _marvl_image_id(path: str) -> str:
@@ -65,14 +63,9 @@ class NLVR2Dataset(TaskDataset):
         record = self.records[index]
         left = region_arrays(self.region_view, record["images"][0])
         right = region_arrays(self.region_view, record["images"][1])
-        item = {key: np.concatenate([left[key], right[key]], axis=0) for key in left}
-        item.update(self.text.arrays(index))
         target = np.zeros(2, dtype=np.float32)
         target[record["label"]] = 1.0
-        item["target"] = target
-        item["question_id"] = record["question_id"]
-        item["example_index"] = index
-        return item
+        return self.example(index, {key: np.concatenate([left[key], right[key]], axis=0) for key in left}, target)
 
 
 def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annotation_path=None,
@@ -109,12 +102,7 @@ def split_pairs(batch: dict) -> dict:
 def forward_and_loss(model, batch: dict, task_id: str, loss_name: str | None = None):
     """`(loss, score_sum, n_examples, logits[B,2])`: BCE mean over B×2 with one-hot targets."""
     batch = prepare(model, batch)
-    rows = split_pairs(batch)
-    logits = call_model(model, task_id, rows["input_txt"], rows["input_imgs"], rows["image_loc"],
-                        rows["token_type_ids"], rows["attention_mask"], rows["image_attention_mask"])
-    target = batch["target"]
-    loss = bce_mean(logits, target)
-    return loss, onehot_score_sum(logits.float(), target), target.size(0), logits
+    return bce_classify(model, task_id, split_pairs(batch), batch["target"])
 
 
 def predictions(batch: dict, logits: torch.Tensor, dataset) -> list[dict]:

@@ -24,14 +24,14 @@ import torch
 import torch.nn.functional as F
 
 from volta_ml.data.annotations import AnnotationError, read_jsonl, read_pickle
+from volta_ml.features import MissingImageError
 from volta_ml.tasks.common import (
-    MissingImageError, TaskDataset, TextSource, call_model, has_image, prepare, region_arrays, store_description,
+    TaskDataset, TextSource, call_model, has_image, prepare, region_arrays, store_description,
     triplet_loss,
 )
 from volta_ml.tasks.config import entry_path
 from volta_ml.tasks.serialized import is_serialized, wit_image_ids
 
-TYPES = ("VL-logit",)
 NUM_OPTIONS = 4
 
 
@@ -74,9 +74,7 @@ def read_captions(path: str, region_view) -> tuple[list[str], list[dict]]:
             images.append(key)
         captions.extend({"text": t, "image": image_index[key], "line": line_no} for t in texts)
     if missing:
-        shown = "; ".join(f"image id {i!r} (annotation line {n})" for i, n in missing[:5])
-        raise MissingImageError(f"{len(missing)} image(s) of {path} are not in the feature store "
-                                f"{store_description(region_view)}: {shown}")
+        raise MissingImageError.in_annotations(missing, path, store_description(region_view))
     return images, captions
 
 

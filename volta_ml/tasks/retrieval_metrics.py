@@ -1,4 +1,4 @@
-"""Retrieval metrics over a caption x image score matrix, with eval_retrieval's rules (pipeline spec §d.3).
+"""Retrieval metrics over a caption x image score matrix, with eval_retrieval's rules.
 
 - Image retrieval (IR, text -> image): one query per caption; rank = position of the caption's gold image
   in the descending order of its score row.

@@ -3,7 +3,7 @@
 VOLTA trains NLVR2, GQA and WIT from these: the text sits in each record next to the image features. Here
 one sequential pass collects the examples; features are then read per image through the same store's
 `RegionView`, so serialized stores feed the ordinary task datasets (no ZMQ workers, hence none of VOLTA's
-duplicated or skipped examples, see pipeline spec §e.4).
+duplicated or skipped examples).
 """
 from __future__ import annotations
 

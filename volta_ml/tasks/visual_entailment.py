@@ -15,11 +15,9 @@ import torch
 from volta_ml.data.annotations import AnnotationError, read_jsonl, require
 from volta_ml.tasks.config import entry_path
 from volta_ml.tasks.common import (
-    TaskDataset, TextSource, bce_mean, call_model, check_images, max_region_rows, onehot_score_sum, prepare,
-    region_arrays,
+    TaskDataset, TextSource, bce_classify, check_images, max_region_rows, prepare, region_arrays,
 )
 
-TYPES = ("VL-tri-classifier",)
 LABELS = {"contradiction": 0, "neutral": 1, "entailment": 2}
 LABEL_NAMES = ["contradiction", "neutral", "entailment"]
 
@@ -61,15 +59,10 @@ class VisualEntailmentDataset(TaskDataset):
 
     def __getitem__(self, index: int) -> dict:
         record = self.records[index]
-        item = region_arrays(self.region_view, record["image_id"], rows=self.rows)
-        item.update(self.text.arrays(index))
         target = np.zeros(3, dtype=np.float32)
         if record["label"] >= 0:
             target[record["label"]] = 1.0
-        item["target"] = target
-        item["question_id"] = record["question_id"]
-        item["example_index"] = index
-        return item
+        return self.example(index, region_arrays(self.region_view, record["image_id"], rows=self.rows), target)
 
 
 def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annotation_path=None,
@@ -85,11 +78,7 @@ def build_dataset(task_entry: dict, split: str, tokenizer, region_view, *, annot
 def forward_and_loss(model, batch: dict, task_id: str, loss_name: str | None = None):
     """`(loss, score_sum, n_examples, logits)`: BCE mean over B×3, score = Σ one-hot(argmax)·target."""
     batch = prepare(model, batch)
-    logits = call_model(model, task_id, batch["input_txt"], batch["input_imgs"], batch["image_loc"],
-                        batch["token_type_ids"], batch["attention_mask"], batch["image_attention_mask"])
-    target = batch["target"]
-    loss = bce_mean(logits, target)
-    return loss, onehot_score_sum(logits.float(), target), target.size(0), logits
+    return bce_classify(model, task_id, batch, batch["target"])
 
 
 def predictions(batch: dict, logits: torch.Tensor, dataset) -> list[dict]:

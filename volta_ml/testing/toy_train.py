@@ -18,8 +18,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from volta_ml.engine.train import TrainJob
-from volta_ml.engine.train_cli import run
-from volta_ml.engine.train_flags import add_train_flags
+from volta_ml.cli.train_task import run
+from volta_ml.cli.train_flags import add_train_flags
 
 N_FEATURES, N_CLASSES = 8, 3
 

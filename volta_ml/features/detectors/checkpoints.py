@@ -11,7 +11,6 @@ Names go through the strict key maps of keymap.py (every key used, shapes checke
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 from pathlib import Path
@@ -19,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+
+from volta_ml.digest import file_digest
 
 from .butd import BUTDDetector
 from .keymap import butd_key, load_mapped, x101_key
@@ -56,14 +57,6 @@ class _RestrictedUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         raise UnsafeCheckpoint(f"{self._source}: refusing to load global {module}.{name} "
                                "(only numpy arrays are allowed in a detectron2 weight pickle)")
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _state_from(obj, source: str) -> dict:
@@ -152,14 +145,14 @@ def convert_checkpoint(src: str | Path, out: str | Path, preset: Preset | str, *
     manifest = {
         "source": str(src.resolve()),
         "source_name": src.name,
-        "source_sha256": sha256_file(src),
+        "source_sha256": file_digest(src),
         "preset": preset.name,
         "detector": preset.detector,
         "with_attributes": bool(getattr(model, "with_attributes", False)),
         "arch": {k: list(v) if isinstance(v, tuple) else v for k, v in arch.items()},
         "key_map": KEY_MAP_VERSION,
         "safetensors": weights_path.name,
-        "safetensors_sha256": sha256_file(weights_path),
+        "safetensors_sha256": file_digest(weights_path),
         "num_tensors": len(tensors),
     }
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -176,7 +169,7 @@ def load_converted(weights_path: str | Path, preset: Preset | str | None = None,
         raise FileNotFoundError(f"{weights_path}: manifest {manifest_path.name} is missing "
                                 "(convert the original checkpoint with `volta-ml features convert-detector`)")
     manifest = json.loads(manifest_path.read_text())
-    if verify and sha256_file(weights_path) != manifest["safetensors_sha256"]:
+    if verify and file_digest(weights_path) != manifest["safetensors_sha256"]:
         raise ValueError(f"{weights_path}: sha256 does not match its manifest (file changed or corrupt)")
     base = get_preset(manifest["preset"])
     preset = base if preset is None else (get_preset(preset) if isinstance(preset, str) else preset)

@@ -1,24 +1,24 @@
-"""The `volta-ml` console command.
+"""The `volta-ml` console command, and the command-line front ends of the VOLTA-compatible scripts.
 
-Each area of the package owns its subcommands in a small `cli` module with a
-`register(subparsers)` function that adds parsers and sets `func` on them; this
-file only lists those modules, so adding a command never touches another area.
+This package holds `train_task.py`, `eval_task.py`, `eval_retrieval.py` and `GQA_score.py` (their flags, their
+output contracts) as `volta-ml train | eval | eval-retrieval | gqa-score`; the pipelines with their own room
+own their subcommands in their `cli` module (`features`, `models`, `cvqa`, `protocols`, `demo`). Every such
+module has a `register(subparsers)` function that adds parsers and sets `func` on them; this file only lists
+them, so adding a command never touches another area.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 
-# Modules that register subcommands; imported lazily so `volta-ml --help` stays fast
-# and a broken optional area cannot take the whole command down.
+# Modules that register subcommands: the VOLTA-compatible front ends in this package, then each area's cli.
 COMMAND_MODULES = [
     "volta_ml.models.cli",
     "volta_ml.features.cli",
-    "volta_ml.engine.train_cli",
-    "volta_ml.engine.eval_cli",
-    "volta_ml.engine.retrieval_cli",
-    "volta_ml.engine.gqa_score_cli",
+    "volta_ml.cli.train_task",
+    "volta_ml.cli.eval_task",
+    "volta_ml.cli.eval_retrieval",
+    "volta_ml.cli.gqa_score",
     "volta_ml.cvqa.cli",
     "volta_ml.iglue_hf.cli",
     "volta_ml.protocols.cli",
@@ -48,7 +48,3 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (Exception, KeyboardInterrupt) as error:  # one line (exit 2 for usage errors), never a bare traceback
         return fail(error, f"volta-ml {args.command}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

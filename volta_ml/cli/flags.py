@@ -1,6 +1,6 @@
 """VOLTA/IGLUE command-line flags, shared by the entry points (`eval_task.py`, `train_task.py`, ...).
 
-Flags keep IGLUE-VOLTA's names, types and defaults (pipeline spec §a). Differences, all additive:
+Flags keep IGLUE-VOLTA's names, types and defaults. Differences, all additive:
 - an unknown flag is rejected with the nearest valid one suggested;
 - a single trailing bare `deactivate` token (present in several committed IGLUE scripts) is dropped with a
   warning instead of failing;
@@ -15,7 +15,7 @@ import difflib
 import sys
 import warnings
 
-VOLTA_DEFAULT_TOKENIZER = "bert-base-uncased"
+from volta_ml.data.text import VOLTA_DEFAULT_TOKENIZER
 
 
 def int_at_least(minimum: int):
@@ -99,7 +99,7 @@ def add_volta_ml_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_eval_task_flags(parser: argparse.ArgumentParser) -> None:
-    """`eval_task.py` (spec §a.2)."""
+    """`eval_task.py`'s flags: IGLUE-VOLTA's plus volta-ml's extras."""
     add_model_flags(parser)
     add_task_flags(parser)
     group = parser.add_argument_group("evaluation")
@@ -120,13 +120,3 @@ def eval_task_parser(prog: str = "eval_task.py", parser=None) -> argparse.Argume
     parser = parser or VoltaArgumentParser(prog=prog, description="Evaluate a fine-tuned model on a VOLTA task.")
     add_eval_task_flags(parser)
     return parser
-
-
-def resolve_tokenizer_args(args, model_config) -> tuple[str, bool]:
-    """(`bert_model`, `do_lower_case`): command line first, then the model config JSON (VOLTA-HEAD style)."""
-    bert_model = args.bert_model or getattr(model_config, "bert_model", None) or VOLTA_DEFAULT_TOKENIZER
-    if args.do_lower_case is not None:
-        do_lower_case = bool(args.do_lower_case)
-    else:
-        do_lower_case = bool(getattr(model_config, "do_lower_case", False))
-    return bert_model, do_lower_case

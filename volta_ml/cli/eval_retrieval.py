@@ -1,6 +1,6 @@
 """`eval_retrieval.py` / `volta-ml eval-retrieval`: caption x image retrieval evaluation (TASK8, TASK20).
 
-Output contract (IGLUE scripts and scrapers depend on it, pipeline spec §d.3 and §g):
+Output contract (IGLUE scripts and scrapers depend on it):
 - `<output_dir>/<dir>/<split>_result.json`: per caption in file order, its top-20 image indices; `<dir>` is
   `from_pretrained.split("/")[1]` when the path has a `/` (so `home` for `/home/...`), else the whole string;
 - `<split>_others.json` = `[]`;
@@ -22,15 +22,15 @@ import time
 import numpy as np
 import torch
 
-from volta_ml.engine.flags import (
-    VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags, resolve_tokenizer_args,
+from volta_ml.cli.flags import (
+    VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags,
 )
 
 STARS = "*" * 50
 
 
 def add_eval_retrieval_flags(parser: argparse.ArgumentParser) -> None:
-    """IGLUE-VOLTA's eval_retrieval.py flags (spec §a.3; dead ones accepted and ignored) plus volta-ml's."""
+    """IGLUE-VOLTA's eval_retrieval.py flags (dead ones accepted and ignored) plus volta-ml's."""
     add_model_flags(parser)
     add_task_flags(parser)
     group = parser.add_argument_group("retrieval evaluation (IGLUE-VOLTA flags)")
@@ -101,21 +101,16 @@ def gallery_tensors(region_view, images: list[str], progress: bool) -> dict:
     return {k: torch.from_numpy(v) for k, v in out.items()}
 
 
-def load_scoring_model(args, model_config, task_config: dict, task_id: str, device: torch.device):
-    from volta_ml.models import build_model, load_checkpoint
-
+def load_scoring_model(args, setup, device: torch.device):
+    """The fine-tuned retrieval head, or with --zero_shot the pretraining model's image-text matching head."""
     if not args.zero_shot:
-        from volta_ml.engine.eval_cli import load_model
-        return load_model(args, model_config, task_config, task_id, device).eval()
-    if not os.path.isfile(args.from_pretrained):
-        raise FileNotFoundError(f"--from_pretrained {args.from_pretrained}: checkpoint not found")
-    if model_config.image_embeddings == "m3p":
+        model, _ = setup.load_model(args.from_pretrained)
+        return model.to(device).eval()
+    if setup.model.config.image_embeddings == "m3p":
         from volta_ml.engine.retrieval_scorer import ScorerSetupError
         raise ScorerSetupError("--zero_shot needs a pretraining matching head, which VOLTA's M3P port does not have")
-    model = build_model(model_config, kind="pretraining")
-    report = load_checkpoint(model, args.from_pretrained)
-    missing = [k for k in (getattr(report, "missing_keys", None) or getattr(report, "missing", None) or [])
-               if "bi_seq_relationship" in k]
+    model, report = setup.load_model(args.from_pretrained, kind="pretraining")
+    missing = [k for k in report.missing_keys if "bi_seq_relationship" in k]
     if missing:
         print(f"warning: {args.from_pretrained} has no image-text matching head ({missing[0]}): zero-shot "
               "scores come from a random head", file=sys.stderr)
@@ -125,25 +120,20 @@ def load_scoring_model(args, model_config, task_config: dict, task_id: str, devi
 def fingerprint(args, model_config, tokenizer, annotation: str, features: str, images, n_captions: int,
                 task_id: str, precision: str) -> dict:
     """Everything that changes the scores: saved chunks are reused only when all of it matches."""
-    from volta_ml.engine.retrieval import file_digest
+    from volta_ml.digest import file_digest, text_digest
 
     config_json = json.dumps(model_config.to_dict(), sort_keys=True, default=str)
     return {
         "format": 1, "checkpoint": os.path.abspath(args.from_pretrained),
         "checkpoint_digest": file_digest(args.from_pretrained, limit=1 << 20),
-        "model_config": file_digest_text(config_json), "annotations": file_digest(annotation),
-        "features": os.path.abspath(features), "images": file_digest_text("\n".join(images)),
+        "model_config": text_digest(config_json), "annotations": file_digest(annotation),
+        "features": os.path.abspath(features), "images": text_digest("\n".join(images)),
         "n_captions": n_captions, "tokenizer": getattr(tokenizer, "volta_fingerprint", type(tokenizer).__name__),
         "task": task_id, "zero_shot": bool(args.zero_shot), "precision": precision, "pair_batch": args.pair_batch,
         "captions_per_chunk": args.captions_per_chunk, "score_dtype": args.score_dtype,
         "shortlist": args.shortlist, "shortlist_regions": args.shortlist_regions,
         "prefix_reuse": not args.no_prefix_reuse,
     }
-
-
-def file_digest_text(text: str) -> str:
-    import hashlib
-    return hashlib.sha1(text.encode()).hexdigest()
 
 
 def print_report(scores: np.ndarray, caption_image: np.ndarray, args) -> dict:
@@ -173,42 +163,34 @@ def print_report(scores: np.ndarray, caption_image: np.ndarray, args) -> dict:
 
 
 def run_eval_retrieval(args) -> dict | None:
-    from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
+    from volta_ml.cli.eval_task import write_json
     from volta_ml.engine.distributed import abort, barrier, init_distributed, shutdown
-    from volta_ml.engine.eval_cli import write_json
     from volta_ml.engine.preflight import check_text_fits
     from volta_ml.engine.retrieval import compute_score_matrix, save_array
-    from volta_ml.models import load_config
+    from volta_ml.engine.run_setup import task_setup
     from volta_ml.tasks.common import TextSource
-    from volta_ml.tasks.config import PathResolver, entry_path, get_task_entry, load_task_config
-    from volta_ml.tasks.regions import open_region_view
+    from volta_ml.tasks.config import entry_path
     from volta_ml.tasks.retrieval import read_captions
     from volta_ml.tasks.retrieval_metrics import top_images
 
     info = init_distributed(args.local_rank, args.device)
     try:
         torch.manual_seed(args.seed)
-        task_config = load_task_config(args.tasks_config_file)
-        task_id, entry = get_task_entry(task_config, args.task)
-        entry = PathResolver(args.data_root, args.path_map).resolve_entry(entry)
-        model_config = load_config(args.config_file, is_m3p=args.is_m3p or None)
-        if entry.get("fusion_method"):
-            model_config.fusion_method = entry["fusion_method"]
-        tokenizer = load_tokenizer(*resolve_tokenizer_args(args, model_config))
+        setup = task_setup(args)
+        task_id, entry, tokenizer = setup.task_id, setup.entry, setup.model.tokenizer
         split = args.split or entry.get("val_split") or "test"
         annotation = entry_path(entry, "val_annotations_jsonpath", args.val_annotations_jsonpath)
         if not annotation:
             raise FileNotFoundError(f"{task_id}: no annotation file (val_annotations_jsonpath in the task config "
                                     "or --val_annotations_jsonpath)")
         features = entry_path(entry, "features_h5path1", args.val_features_lmdbpath)
-        view = open_region_view(features, model_config, entry)
+        view = setup.region_view(features)
         images, captions = read_captions(annotation, view)
-        cache = TokenCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
         text = TextSource.encode(tokenizer, [c["text"] for c in captions], entry.get("max_seq_length", 80),
-                                 annotation, cache)
+                                 annotation, setup.token_cache)
         caption_image = np.array([c["image"] for c in captions], dtype=np.int64)
         gallery = gallery_tensors(view, images, progress=info.is_main)
-        model = load_scoring_model(args, model_config, task_config, task_id, info.device)
+        model = load_scoring_model(args, setup, info.device)
         check_text_fits(model, entry.get("max_seq_length", 80), args.config_file, task_id)
         if not args.pair_batch:
             args.pair_batch = 1024 if info.device.type == "cuda" else 256
@@ -228,7 +210,7 @@ def run_eval_retrieval(args) -> dict | None:
         scores = compute_score_matrix(
             model, caption_tensors(text), gallery, task_id=task_id, zero_shot=args.zero_shot, info=info,
             work_dir=work_dir, captions_per_chunk=args.captions_per_chunk, pair_batch=args.pair_batch,
-            fingerprint=fingerprint(args, model_config, tokenizer, annotation, features, images, len(captions),
+            fingerprint=fingerprint(args, setup.model.config, tokenizer, annotation, features, images, len(captions),
                                     task_id, precision),
             precision=precision, score_dtype=args.score_dtype, shortlist=args.shortlist or None,
             shortlist_regions=args.shortlist_regions, reuse_prefix=not args.no_prefix_reuse, progress=info.is_main)

@@ -1,6 +1,6 @@
 """train_task.py's flags: IGLUE-VOLTA's set (specs/pipeline.md §a.1) plus volta-ml's additions.
 
-Model, task and volta-ml-extra flags come from `volta_ml.engine.flags` (shared with eval_task.py), with
+Model, task and volta-ml-extra flags come from `volta_ml.cli.flags` (shared with eval_task.py), with
 train_task's own defaults (`--seed 0`, `--config_file config/vilbert_base.json`). Both tokenizer styles
 work: IGLUE-VOLTA's `--bert_model/--do_lower_case` flags and VOLTA-HEAD's config JSON keys.
 A repeated flag keeps its last value; a trailing bare `deactivate` is dropped with a warning.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from volta_ml.engine.flags import (
+from volta_ml.cli.flags import (
     VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags, int_at_least,
 )
 

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from volta_ml.data.annotations import AnnotationError, read_json
-from volta_ml.engine.flags import VoltaArgumentParser
+from volta_ml.cli.flags import VoltaArgumentParser
 from volta_ml.tasks.gqa import gqa_accuracy
 
 

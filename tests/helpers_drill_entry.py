@@ -1,6 +1,6 @@
 """Run eval_task.py / eval_retrieval.py with one injected fault (failure drills, tests/test_failure_drills_eval.py).
 
-    python tests/drill_entry.py <fault> <script.py> [flags...]
+    python tests/helpers_drill_entry.py <fault> <script.py> [flags...]
 
 fault: `forward` (the model raises on its 2nd forward), `getitem` (the dataset raises on its 3rd item, in a
 worker when there are workers), `kill_worker` (the 3rd item SIGKILLs the worker loading it), `none`.

@@ -22,8 +22,8 @@ from volta_ml.engine.distributed import DistInfo, finish_process, init_distribut
 from volta_ml.engine.failures import EXIT_NON_FINITE, fail, report
 from volta_ml.engine.logs import attach_stderr_handler
 from volta_ml.engine.train import TrainJob, train
-from volta_ml.engine.flags import VoltaArgumentParser
-from volta_ml.engine.train_flags import add_train_flags, parse_train_args
+from volta_ml.cli.flags import VoltaArgumentParser
+from volta_ml.cli.train_flags import add_train_flags, parse_train_args
 from volta_ml.engine.train_support import NonFiniteLoss, Preempted
 
 logger = logging.getLogger("volta_ml.train")

@@ -53,6 +53,6 @@ def toy_args(out: Path, *flags):
 
 
 def run_toy_inprocess(out: Path, *flags) -> int:
-    from volta_ml.engine.train_cli import run
+    from volta_ml.cli.train_task import run
     from volta_ml.testing.toy_train import build_toy_job
     return run(toy_args(out, *flags), build_toy_job)

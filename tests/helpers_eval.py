@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from tasks_fixtures import REPO
+from helpers_tasks import REPO
 
 FEATURE_DIM = 16
 
@@ -61,7 +61,7 @@ def build_data_root(root: Path, iglue: Path) -> Path:
     """An IGLUE-like data directory: real annotation files (linked) and generated feature stores at the
     paths the IGLUE test task configs name."""
     import json as _json
-    from tasks_fixtures import make_store, read_jsonl
+    from helpers_tasks import make_store, read_jsonl
 
     for lang in ("en", "ar"):
         link(iglue / f"XVNLI/annotations/{lang}/test.jsonl", root / f"XVNLI/annotations/{lang}/test.jsonl")

@@ -2,7 +2,7 @@
 import json
 import sys
 
-from iglue_hf_fixtures import FakeDual, FakeGenerative
+from helpers_iglue_hf import FakeDual, FakeGenerative
 from volta_ml.engine.distributed import finish_process
 from volta_ml.iglue_hf.run import run_iglue_hf
 

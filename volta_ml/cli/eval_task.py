@@ -19,16 +19,14 @@ import numpy as np
 import torch
 
 from volta_ml.atomic import atomic_write_json
-from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
-from volta_ml.engine.evaluate import EvalResult, evaluate
+from volta_ml.cli.flags import VoltaArgumentParser, add_eval_task_flags
+from volta_ml.devices import pick_device
+from volta_ml.engine.evaluate import EvalResult, amp_precision, evaluate
 from volta_ml.engine.failures import fail
-from volta_ml.engine.flags import VoltaArgumentParser, add_eval_task_flags, resolve_tokenizer_args
-from volta_ml.engine import distributed
 from volta_ml.engine.logs import attach_stderr_handler
 from volta_ml.engine.preflight import check_text_fits
-from volta_ml.tasks import family_for
-from volta_ml.tasks.config import PathResolver, entry_path, get_task_entry, load_task_config
-from volta_ml.tasks.regions import open_region_view
+from volta_ml.engine.run_setup import task_setup
+from volta_ml.tasks.config import entry_path
 
 logger = logging.getLogger("volta_ml.eval_task")
 
@@ -54,59 +52,24 @@ def write_json(path: str, data) -> None:
     atomic_write_json(path, data, ensure_ascii=False)
 
 
-def pick_device(requested: str | None) -> torch.device:
-    return distributed.pick_device(requested, 0)  # a bad or unavailable --device is a usage error
-
-
-def load_model(args, model_config, task_config: dict, task_id: str, device: torch.device):
-    from volta_ml.models import build_model, load_checkpoint
-
-    model = build_model(model_config, task_config, [task_id], kind="tasks")
-    if not os.path.isfile(args.from_pretrained):
-        raise FileNotFoundError(f"--from_pretrained {args.from_pretrained}: checkpoint not found")
-    report = load_checkpoint(model, args.from_pretrained)
-    missing = list(getattr(report, "missing_keys", None) or getattr(report, "missing", None) or [])
-    unexpected = list(getattr(report, "unexpected_keys", None) or getattr(report, "unexpected", None) or [])
-    head = f"clfs_dict.{task_id}."
-    if any(head in key for key in missing):
-        present = sorted({k.split("clfs_dict.")[1].split(".")[0] for k in unexpected if "clfs_dict." in k})
-        logger.warning("the checkpoint has no %s head: it is randomly initialised, so scores are meaningless "
-                       "(heads in the checkpoint: %s). Check --task.", task_id, ", ".join(present) or "none")
-    if missing:
-        logger.info("weights not in the checkpoint: %d (e.g. %s)", len(missing), ", ".join(missing[:5]))
-    if unexpected:
-        logger.info("checkpoint weights not used: %d (e.g. %s)", len(unexpected), ", ".join(unexpected[:5]))
-    return model.to(device)
-
-
 def run_eval(args) -> EvalResult:
-    from volta_ml.models import load_config
-
     setup_logging()
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
-    task_config = load_task_config(args.tasks_config_file)
-    task_id, entry = get_task_entry(task_config, args.task)
-    entry = PathResolver(args.data_root, args.path_map).resolve_entry(entry)
-    family = family_for(entry)
-    model_config = load_config(args.config_file, is_m3p=args.is_m3p or None)
-    if entry.get("fusion_method"):
-        model_config.fusion_method = entry["fusion_method"]
-    bert_model, do_lower_case = resolve_tokenizer_args(args, model_config)
-    tokenizer = load_tokenizer(bert_model, do_lower_case)
-
+    setup = task_setup(args)
+    entry, family, task_id = setup.entry, setup.family, setup.task_id
     split = args.split or entry.get("val_split") or "test"
     annotation = entry_path(entry, "val_annotations_jsonpath", args.val_annotations_jsonpath)
     features = entry_path(entry, "features_h5path1", args.val_features_lmdbpath)
-    view = open_region_view(features, model_config, entry)
-    cache = TokenCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
-    dataset = family.build_dataset(entry, split, tokenizer, view, annotation_path=annotation, token_cache=cache,
-                                   seed=args.seed)
+    view = setup.region_view(features)
+    dataset = family.build_dataset(entry, split, setup.model.tokenizer, view, annotation_path=annotation,
+                                   token_cache=setup.token_cache, seed=args.seed)
 
+    model, _ = setup.load_model(args.from_pretrained, log=logger)
     device = pick_device(args.device)
-    model = load_model(args, model_config, task_config, task_id, device)
+    model.to(device)
     check_text_fits(model, entry.get("max_seq_length"), args.config_file, task_id)
     batch_size = int(entry.get("eval_batch_size") or args.batch_size)  # the config wins, as in VOLTA
     num_iters = (len(dataset) + batch_size - 1) // batch_size
@@ -117,7 +80,7 @@ def run_eval(args) -> EvalResult:
 
     started = time.time()
     result = evaluate(model, dataset, family, task_id, batch_size=batch_size, num_workers=args.num_val_workers,
-                      amp=args.amp, loss_name=args.loss or entry.get("loss"), desc=f"Eval {entry['name']}")
+                      precision=amp_precision(args.amp, device), loss_name=args.loss or entry.get("loss"), desc=f"Eval {entry['name']}")
     elapsed = time.time() - started
     print(f"{result.n_examples} examples in {elapsed:.1f}s ({result.n_examples / max(elapsed, 1e-9):.1f}/s)")
 
@@ -126,7 +89,7 @@ def run_eval(args) -> EvalResult:
     write_json(os.path.join(out_dir, f"{split}_result.json"), result.predictions)
     write_json(os.path.join(out_dir, f"{split}_others.json"), [])
     is_gqa = entry["type"] == "VL-classifier-GQA"
-    line = validation_line(entry["name"], 0.0 if is_gqa else result.loss, 0.0 if is_gqa else result.score)
+    line = validation_line(entry["name"], 0.0 if is_gqa else result.loss, 0.0 if is_gqa else result.score_percent)
     with open(os.path.join(out_dir, "eval.txt"), "a", encoding="utf-8") as handle:
         handle.write(line + "\n")
     sys.stdout.flush()

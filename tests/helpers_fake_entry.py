@@ -2,7 +2,7 @@
 VOLTA's output files and log lines, with scores that are a known function of its inputs, in milliseconds.
 (The real entry points run in test_protocols_e2e.py.)
 
-    protocols_fake_entry.py train|eval|eval-retrieval|gqa-score|cvqa-score [VOLTA / volta-ml cvqa flags]
+    helpers_fake_entry.py train|eval|eval-retrieval|gqa-score|cvqa-score [VOLTA / volta-ml cvqa flags]
 
 Scores: training's dev score comes from FAKE_DEV (JSON lr -> score, default 50); a checkpoint stores its
 learning rate, and evaluation scores = 40 + 10 * lr * 1e4 + the number of lines of the annotation file
