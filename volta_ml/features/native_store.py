@@ -18,9 +18,9 @@ import numpy as np
 
 from .base import (FeatureStore, LmdbStoreMixin, StoreWriter, release_shared_env,
                    shared_readonly_env)
-from .native_codec import decode_record, encode_record
+from .native_codec import decode_header, decode_record, encode_record
 from .records import (FeatureDimError, FeatureRecord, FeatureStoreError, IncompleteStoreError,
-                      make_record)
+                      RecordParts, make_record)
 
 META_KEY = b"__volta_ml_meta__"
 FORMAT_NAME = "volta-ml-features"
@@ -85,6 +85,27 @@ class NativeStore(LmdbStoreMixin, FeatureStore):
             features = features.astype(np.float32)
         # Shapes and sizes were validated when the record was written: no second check here.
         return FeatureRecord(features, boxes, w, h, n, extra)
+
+    def region_parts(self, image_id: str) -> RecordParts | None:
+        """The record's arrays without decoding its extras, and the file offset of its float32
+        features for `pread_into` (RegionView copies them straight into its padded buffer)."""
+        values = self.lmdb_values()
+        found = values.locate(image_id.encode())
+        if found is None:
+            return None
+        value, offset = found
+        try:
+            n, d, w, h, dtype, start, box_start, _ = decode_header(value)
+        except ValueError as err:
+            raise FeatureStoreError(self.path, f"corrupt record: {err}", image_id) from None
+        if self.expected_dim is not None and d != self.expected_dim:
+            raise FeatureDimError(self.path, f"feature dimension {d} but {self.expected_dim} expected",
+                                  image_id)
+        features = np.ndarray((n, d), dtype, value, start)
+        boxes = np.ndarray((n, 4), np.float32, value, box_start)
+        if offset is None or dtype != np.float32:
+            return RecordParts(n, w, h, features, boxes)
+        return RecordParts(n, w, h, features, boxes, values, offset + start)
 
     def describe(self) -> dict:
         info = super().describe()
