@@ -55,13 +55,13 @@ def _locations_into(loc: np.ndarray, boxes: np.ndarray, image_w, image_h) -> Non
     num_locs = loc.shape[1]
     loc[:, :4] = boxes
     w, h = float(image_w), float(image_h)
-    if num_locs >= 5:
-        loc[:, -1] = (loc[:, 3] - loc[:, 1]) * (loc[:, 2] - loc[:, 0]) / (w * h)
+    if num_locs >= 5:  # (y2 - y1) * (x2 - x1) / (W * H) on pixel boxes
+        sides = loc[:, 2:4] - loc[:, 0:2]
+        loc[:, -1] = sides[:, 1] * sides[:, 0] / (w * h)
     # x / W and y / H as VOLTA's four column divisions compute them (float32 quotients)
     loc[:, :4] /= np.array((w, h, w, h), dtype=np.float32)
-    if num_locs > 5:
-        loc[:, 4] = loc[:, 2] - loc[:, 0]
-        loc[:, 5] = loc[:, 3] - loc[:, 1]
+    if num_locs > 5:  # normalised width and height
+        loc[:, 4:6] = loc[:, 2:4] - loc[:, 0:2]
 
 
 def _l2_normalise_rows(x: np.ndarray) -> np.ndarray:
