@@ -18,6 +18,7 @@ REPO = HERE.parent
 GOLDEN = Path(os.environ.get("VOLTA_ML_GOLDEN", str(REPO.parent / "shared" / "golden")).split(os.pathsep)[0])
 CHECK_PARITY = REPO.parent / "shared" / "tools" / "check_parity.py"
 BASE_CONFIGS = ("uc2_base", "ctrl_xuniter_base", "ctrl_vilbert_base", "ctrl_lxmert")
+QUICK_CONFIGS = ("uc2_base", "ctrl_lxmert")  # one single-stream, one dual-stream layout
 
 # Dense peak TFLOP/s per device (vendor data sheets, SXM parts; no sparsity). The first matching name wins.
 PEAKS = [("H200", {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),
@@ -63,9 +64,13 @@ def load_for_parity_on_device(fixture_dir: str, kind: str = "tasks", dtype=None)
     return load_for_parity(fixture_dir, kind, dtype or torch.float32, device=os.environ.get("GPU_CHECK_DEVICE", "cpu"))
 
 
-def _fixtures() -> list[Path]:
+QUICK_FIXTURE = "uc2_base__A"  # --quick checks one fixture (tests/test_model_parity.py checks them all)
+
+
+def _fixtures(quick: bool) -> list[Path]:
     manifest = json.loads((GOLDEN / "manifest.json").read_text())
-    return [GOLDEN / fx["name"] for fx in manifest["fixtures"] if fx.get("kind", "tasks") != "hf_init"]
+    return [GOLDEN / fx["name"] for fx in manifest["fixtures"] if fx.get("kind", "tasks") != "hf_init"
+            and (not quick or fx["name"] == QUICK_FIXTURE)]
 
 
 def check_parity(ctx) -> None:
@@ -74,6 +79,8 @@ def check_parity(ctx) -> None:
         return
     cmd = [sys.executable, str(CHECK_PARITY), str(GOLDEN), "--loader",
            f"{Path(__file__).resolve()}:load_for_parity_on_device", "--dtype", "float32"]
+    if ctx.quick:
+        cmd += ["--only", QUICK_FIXTURE]
     env = dict(os.environ, GPU_CHECK_DEVICE=ctx.device, PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(10.0, ctx.left() - 5))
     summary = re.search(r"SUMMARY: (\d+) ok, (\d+) failed, (\d+) skipped", proc.stdout)
@@ -90,7 +97,7 @@ def _bf16_drift(ctx) -> None:
     """Logits under bf16 autocast against the fp32 goldens: the drift training and eval in bf16 accept."""
     import torch
     device_type = "cuda" if ctx.device.startswith("cuda") else "cpu"
-    for fdir in _fixtures():
+    for fdir in _fixtures(ctx.quick):
         meta = json.loads((fdir / "meta.json").read_text())
         inputs = torch.load(fdir / "inputs.pt", map_location="cpu", weights_only=True)
         expected = torch.load(fdir / "expected.pt", map_location="cpu", weights_only=True)
@@ -163,7 +170,7 @@ def check_train_step(ctx) -> None:
     peaks = peak_tflops(ctx)
     batch, steps, warmup = (2, 1, 0) if ctx.quick else (64, 5, 1)
     device = "cuda" if ctx.device.startswith("cuda") else "cpu"
-    for name in BASE_CONFIGS:
+    for name in QUICK_CONFIGS if ctx.quick else BASE_CONFIGS:
         source = train_config(name, ctx.quick)
         flops = flops_per_sample(source)
         for precision in ("fp32", "bf16"):
@@ -199,7 +206,7 @@ def check_retrieval(ctx) -> None:
 
 def check_extraction(ctx) -> None:
     import bench_extract
-    presets, size, n = (("volta-x101",), "small", 1) if ctx.quick else (("volta-butd36", "volta-x101"), "default", 8)
+    presets, size, n = (("volta-x101",), "tiny", 1) if ctx.quick else (("volta-butd36", "volta-x101"), "default", 8)
     for preset in presets:
         if ctx.skip_if_late(preset, 5 if ctx.quick else 15):
             continue
@@ -225,7 +232,7 @@ def check_cvqa_zoo(ctx) -> None:
         dataset = load_cvqa(bench_cvqa.write_release(tmp / "cvqa", questions))
         bench_cvqa.write_store(tmp / "feats", dataset.image_ids, 2048)
         tokenizer = load_tokenizer(str(bench_cvqa.bert_vocab_dir(tmp)), do_lower_case=True)
-        for name in ("ctrl_xuniter_base", "uc2_base"):
+        for name in ("ctrl_xuniter_base",) if ctx.quick else ("ctrl_xuniter_base", "uc2_base"):
             config = load_config(train_config(name, ctx.quick))
             model = build_model(config, kind="pretraining").to(device).eval()
             view = open_region_view(str(tmp / "feats"), config, {"name": "CVQA", "max_region_num": 36})
