@@ -160,10 +160,18 @@ def materialise(model_cls, config, device, dtype):
     with torch.device("meta"):
         model = model_cls(*config) if isinstance(config, tuple) else model_cls(config)
     model = model.to(dtype).to_empty(device=device)
-    model.init_weights()
-    for name, buffer in model.named_buffers():  # defensive: index buffers must be ranges, never garbage
-        if name.endswith("position_ids"):
-            buffer.copy_(torch.arange(buffer.shape[-1], device=device).expand_as(buffer))
+    tensors = dict(model.named_parameters())
+    tensors.update(model.named_buffers())
+    with torch.no_grad():
+        for tensor in tensors.values():  # NaN marks what init_weights leaves untouched
+            if tensor.is_floating_point():
+                tensor.fill_(float("nan"))
+        model.init_weights()
+        for name, tensor in tensors.items():
+            if name.endswith("position_ids"):  # index buffers must be ranges, never garbage
+                tensor.copy_(torch.arange(tensor.shape[-1], device=device).expand_as(tensor))
+            elif tensor.is_floating_point() and torch.isnan(tensor).any():  # e.g. CLIP's logit_scale
+                tensor.normal_(0.0, 0.02) if tensor.dim() >= 2 else tensor.zero_()
     return model.eval()
 
 

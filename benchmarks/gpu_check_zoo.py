@@ -124,13 +124,13 @@ def _runner(fdir: Path, device: str):
 
 # ---- training step and MFU -----------------------------------------------------------------------------------
 
-def train_config(name: str, quick: bool):
+def train_config(name: str, quick: bool, vocab_size: int = 1000):
     """A real base config by name, or (quick) the same layout at width 64 (bench_retrieval's tiny size) and a
-    1,000-word vocabulary."""
+    small vocabulary."""
     if not quick:
         return name
     import bench_retrieval
-    return {**bench_retrieval.make_config(name, "tiny").to_dict(), "vocab_size": 1000}
+    return {**bench_retrieval.make_config(name, "tiny").to_dict(), "vocab_size": vocab_size}
 
 
 def flops_per_sample(config_source) -> float:
@@ -233,7 +233,7 @@ def check_cvqa_zoo(ctx) -> None:
         bench_cvqa.write_store(tmp / "feats", dataset.image_ids, 2048)
         tokenizer = load_tokenizer(str(bench_cvqa.bert_vocab_dir(tmp)), do_lower_case=True)
         for name in ("ctrl_xuniter_base",) if ctx.quick else ("ctrl_xuniter_base", "uc2_base"):
-            config = load_config(train_config(name, ctx.quick))
+            config = load_config(train_config(name, ctx.quick, vocab_size=30522))  # bert-base-uncased ids
             model = build_model(config, kind="pretraining").to(device).eval()
             view = open_region_view(str(tmp / "feats"), config, {"name": "CVQA", "max_region_num": 36})
             for amp in ((False, True) if device.type == "cuda" else (False,)):

@@ -96,3 +96,4 @@ def test_meta_device_build_is_initialised_like_a_real_model():
     weight = model.vision_model.encoder.layers[0].mlp.fc1.weight
     assert torch.isfinite(weight).all() and 0.01 < weight.std().item() < 0.5  # CLIP: std = (2 * width) ** -0.5
     assert torch.equal(model.text_model.final_layer_norm.weight, torch.ones(32))
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # also what init_weights leaves (logit_scale)
