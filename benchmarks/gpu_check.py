@@ -73,10 +73,10 @@ def _checks():
     import gpu_check_zoo as zoo
     # name: (function(ctx), budget seconds on one H200, what it measures)
     return {
-        "device": (zoo.check_device, 15, "device, torch/CUDA versions, the peak FLOP/s MFU divides by"),
-        "parity": (zoo.check_parity, 45, "golden fixtures on the device: fp32 parity, bf16-autocast drift"),
-        "train_step": (zoo.check_train_step, 170, "forward+backward+AdamW samples/s and MFU, batch 64, fp32/bf16"),
-        "retrieval": (zoo.check_retrieval, 45, "retrieval pairs/s, VOLTA scheme vs compute_score_matrix"),
+        "device": (zoo.check_device, 10, "device, torch/CUDA versions, the peak FLOP/s MFU divides by"),
+        "parity": (zoo.check_parity, 40, "golden fixtures on the device: fp32 parity, bf16-autocast drift"),
+        "train_step": (zoo.check_train_step, 165, "forward+backward+AdamW samples/s and MFU, batch 64, fp32/bf16"),
+        "retrieval": (zoo.check_retrieval, 60, "retrieval pairs/s, VOLTA scheme vs compute_score_matrix"),
         "extraction": (zoo.check_extraction, 45, "region-feature extraction images/s per detector preset"),
         "cvqa_zoo": (zoo.check_cvqa_zoo, 30, "CVQA questions/s, model-zoo matching scorer"),
         "cvqa_hf": (hf.check_cvqa_hf, 130, "CVQA questions/s per HF backend family, real size, random weights"),
@@ -113,8 +113,11 @@ def run_subprocess(name: str, args, budget: float, rows_file: Path) -> tuple[str
         return "timeout", f"killed after {budget + 30:.0f} s (budget {budget:.0f} s); rows measured before are kept"
     if proc.returncode != 0:
         return "failed", f"exit code {proc.returncode}: {proc.stdout[-3000:]}"
-    status, detail = json.loads(proc.stdout.strip().splitlines()[-1])
-    return status, detail
+    for line in reversed(proc.stdout.strip().splitlines()):  # the status line is the last JSON list printed
+        if line.startswith('["'):
+            status, detail = json.loads(line)
+            return status, detail
+    return "failed", f"no status line from the check process: {proc.stdout[-2000:]}"
 
 
 def _peaks(args) -> dict | None:
