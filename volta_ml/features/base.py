@@ -184,16 +184,12 @@ class LmdbStoreMixin:
         # Looked up on every use (a dict hit): a writer in this process may have closed it.
         return shared_readonly_env(self._real())
 
-    def lmdb_values(self) -> LmdbValues:
-        """This process's zero-copy reader of the store file (lmdb_values.py)."""
+    def get_value(self, key: bytes):
+        """The value under `key` (a zero-copy read-only buffer where possible), or None."""
         values = self.__dict__.get("_values")
         if values is None or values.closed or values.pid != PROCESS["pid"]:
             values = self._values = shared_lmdb_values(self._real())
-        return values
-
-    def get_value(self, key: bytes):
-        """The value under `key` (a zero-copy read-only buffer where possible), or None."""
-        return self.lmdb_values().get(key)
+        return values.get(key)
 
     def close(self) -> None:
         release_shared_env(self.path)

@@ -11,11 +11,6 @@ maps share the page cache, so the second one costs address space, not memory.
 The translation needs the address of LMDB's map, which only `/proc/self/maps`
 tells (Linux).  Where it cannot be established, or a value lies beyond the pages
 in use when the map was made, `get` returns a copy (`bytes`) instead.
-
-The same translation gives each value's byte offset in `data.mdb`: `locate` returns
-it and `pread_into` reads a byte range of the file straight into a caller's buffer
-(one copy from the page cache, no page faults of a map: what RegionView uses to fill
-padded buffers).
 """
 from __future__ import annotations
 
@@ -81,7 +76,7 @@ class LmdbValues:
         self.pid = PROCESS["pid"]
         self.closed = False
         self._local = threading.local()  # LMDB transactions must not be shared across threads
-        self._view, self._base, self._size, self._fd = None, 0, 0, None
+        self._view, self._base, self._size = None, 0, 0
         data_file = os.path.realpath(data_file)
         with env.begin(buffers=True) as txn:
             cursor = txn.cursor()
@@ -101,7 +96,6 @@ class LmdbValues:
             sample = min(len(probe), 4096)
             if 0 <= offset and offset + sample <= size and view[offset:offset + sample] == probe[:sample]:
                 self._view, self._base, self._size = view, base, size
-                self._fd = os.open(data_file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
     @property
     def zero_copy(self) -> bool:
@@ -112,13 +106,6 @@ class LmdbValues:
         self.closed = True
         self._view = None
         self._local = threading.local()
-        if self._fd is not None and self.pid == PROCESS["pid"]:
-            os.close(self._fd)
-        self._fd = None
-
-    def __del__(self):
-        if getattr(self, "_fd", None) is not None and self.pid == PROCESS["pid"]:
-            os.close(self._fd)
 
     def _begin(self):
         # One long read transaction per thread: stores are immutable once complete, and
@@ -130,12 +117,6 @@ class LmdbValues:
         return local
 
     def get(self, key: bytes):
-        found = self.locate(key)
-        return None if found is None else found[0]
-
-    def locate(self, key: bytes):
-        """-> (value, offset) or None: the value as `get` returns it, and the byte offset in
-        `data.mdb` where it starts (None when the value is a copy)."""
         local = self._local
         try:
             txn = local.txn
@@ -150,12 +131,5 @@ class LmdbValues:
             _release_buffer(local.pybuf_ref)
             end = start + len(value)
             if 0 <= start and end <= self._size:
-                return self._view[start:end], start
-        return bytes(value), None
-
-    def pread_into(self, dest, offset: int) -> None:
-        """Fill the writable C-contiguous buffer `dest` with the file's bytes from `offset` on."""
-        wanted = memoryview(dest).nbytes
-        got = os.preadv(self._fd, [dest], offset)
-        if got != wanted:
-            raise OSError(f"short read of {self.env.path()}: {got} of {wanted} bytes at {offset}")
+                return self._view[start:end]
+        return bytes(value)

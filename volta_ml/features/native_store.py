@@ -87,13 +87,10 @@ class NativeStore(LmdbStoreMixin, FeatureStore):
         return FeatureRecord(features, boxes, w, h, n, extra)
 
     def region_parts(self, image_id: str) -> RecordParts | None:
-        """The record's arrays without decoding its extras, and the file offset of its float32
-        features for `pread_into` (RegionView copies them straight into its padded buffer)."""
-        values = self.lmdb_values()
-        found = values.locate(image_id.encode())
-        if found is None:
+        """The record's arrays (zero-copy views) without decoding its extras or casting float16."""
+        value = self.get_value(image_id.encode())
+        if value is None:
             return None
-        value, offset = found
         try:
             n, d, w, h, dtype, start, box_start, _ = decode_header(value)
         except ValueError as err:
@@ -101,11 +98,8 @@ class NativeStore(LmdbStoreMixin, FeatureStore):
         if self.expected_dim is not None and d != self.expected_dim:
             raise FeatureDimError(self.path, f"feature dimension {d} but {self.expected_dim} expected",
                                   image_id)
-        features = np.ndarray((n, d), dtype, value, start)
-        boxes = np.ndarray((n, 4), np.float32, value, box_start)
-        if offset is None or dtype != np.float32:
-            return RecordParts(n, w, h, features, boxes)
-        return RecordParts(n, w, h, features, boxes, values, offset + start)
+        return RecordParts(n, w, h, np.ndarray((n, d), dtype, value, start),
+                           np.ndarray((n, 4), np.float32, value, box_start))
 
     def describe(self) -> dict:
         info = super().describe()

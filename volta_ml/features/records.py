@@ -30,16 +30,12 @@ class FeatureRecord:
 
 class RecordParts(NamedTuple):
     """What a padded-input builder (RegionView) needs of a record, without building one: the arrays
-    as stored (read-only views; features may be float16), and, where the store can, a `file` whose
-    `pread_into(dest, offset)` copies the float32 features (row-major [N, D], from `offset` on)
-    straight into a caller's buffer."""
+    as stored (read-only views; features may be float16)."""
     num_boxes: int
     image_w: int
     image_h: int
     features: np.ndarray  # [N, D]
     boxes: np.ndarray  # float32 [N, 4]
-    file: Any = None
-    offset: int = 0
 
     @classmethod
     def of(cls, record: FeatureRecord) -> "RecordParts":

@@ -91,8 +91,9 @@ class RegionView:
 
     `read_into` writes the same sample into the caller's arrays (a reused buffer,
     a slot of a batch) and `read_batch` fills a whole batch, pinned for CUDA on
-    request: with the native store the features go from the page cache straight
-    into the padded rows (`os.preadv`, one copy), other stores copy from the record.
+    request: each feature value is copied once, from the store's pages (native
+    store: its zero-copy map) into the padded rows, with no per-sample tensors and
+    no collate copy.
     """
 
     def __init__(self, store, num_locs: int = 5, add_global_imgfeat=None, max_region_num: int = 36,
@@ -204,8 +205,8 @@ class RegionView:
     def _fill(self, parts: RecordParts, features: np.ndarray, locations: np.ndarray,
               mask: np.ndarray) -> int:
         """Steps 1-4 of the module docstring written into the given arrays, each feature value
-        once: with a `parts.file` the feature rows are read from the file into place."""
-        n, image_w, image_h, regions, boxes, file, offset = parts
+        copied once (the global mean is read back from the warm padded rows)."""
+        n, image_w, image_h, regions, boxes = parts
         budget = self.num_rows
         global_at = self.add_global_imgfeat if n > 0 else None
         start = 1 if global_at == "first" else 0
@@ -219,10 +220,7 @@ class RegionView:
                 source = _l2_normalise_rows(source)
             dest[...] = source[:kept]
         else:
-            if file is not None and kept:
-                file.pread_into(dest, offset)
-            else:
-                dest[...] = regions[:kept]
+            dest[...] = regions[:kept]  # float16 stores are cast here
             if self.norm_embeddings:
                 _l2_normalise_rows_inplace(dest)
             source = dest  # every region row, read back from the warm buffer
