@@ -93,7 +93,7 @@ def run_inline(name: str, args, budget: float, rows_file: Path) -> tuple[str, st
     try:
         fn(ctx)
         return "ok", ""
-    except Exception as err:  # one failing check must not stop the others
+    except (Exception, SystemExit) as err:  # one failing check must not stop the others (benchmarks exit on errors)
         import traceback
         return "failed", "".join(traceback.format_exception_only(type(err), err)).strip() + "\n" + \
             traceback.format_exc()[-3000:]
