@@ -7,7 +7,7 @@ behaviour), else seeded random weights; speed does not depend on the values othe
 
     python benchmarks/bench_extract.py                       # small + default size, CPU (+ CUDA if present)
     python benchmarks/bench_extract.py --sizes small --images 3 --presets volta-butd36
-Sizes: `small` = min/max side 224/400, `default` = the preset's own (VOLTA: 800/1333). Images are
+Sizes: `small` = min/max side 224/400, `tiny` = 96/128 (smoke runs), `default` = the preset's own (VOLTA: 800/1333). Images are
 synthetic 480x640 (a typical Flickr30k/COCO size). Reference: the original detectron2 BUTD pipeline
 takes 12-17 s per image on this project's 2-core CPU at its default size (features_plan.md section 5).
 """
@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 _GOLDEN_DEFAULT = str(ROOT.parent / "shared" / "golden_extract")
+SIZES = {"small": (224, 400), "tiny": (96, 128)}  # min/max image side; "default" keeps the preset's
 GOLDEN = Path(os.environ.get("VOLTA_ML_GOLDEN_EXTRACT", _GOLDEN_DEFAULT).split(os.pathsep)[0])
 
 
@@ -57,8 +58,8 @@ def run_one(preset_name: str, size: str, device_name: str, n_images: int, thread
 
     torch.set_num_threads(threads)
     preset = get_preset(preset_name)
-    if size == "small":
-        preset = preset.with_settings(min_size=224, max_size=400)
+    if size in SIZES:
+        preset = preset.with_settings(min_size=SIZES[size][0], max_size=SIZES[size][1])
     device = torch.device(device_name)
     model, source = _model(preset, device)
     rng = np.random.default_rng(0)

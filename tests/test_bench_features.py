@@ -41,3 +41,28 @@ def test_benchmark_prints_every_reader_and_ratio(tmp_path, capsys):
                 "native / VOLTA reader*", "native / raw limit", "every feature then summed"):
         assert row in out, row
     assert not (tmp_path / "work").exists()  # stores removed without --keep
+
+
+def test_per_sample_benchmark_runs_every_path(tmp_path, capsys):
+    import bench_samples
+    table = bench_samples.main(["--images", "40", "--boxes", "4", "--dim", "16", "--repeat", "1",
+                                "--workers", "0", "--batch-size", "8", "--workdir", str(tmp_path / "w")])
+    assert set(table) == {"VOLTA reader* + padding", "RegionView[id]", "RegionView.read_into (reused buffer)",
+                          "read_into batch slots (8)", "VOLTA reader* + padding + collate (8)",
+                          "RegionView[id] + collate (8)"}
+    assert all(row[0] > 0 for row in table.values())
+    assert "read_into / VOLTA" in capsys.readouterr().out
+    assert not (tmp_path / "w").exists()
+
+
+def test_volta_padding_of_the_per_sample_benchmark_matches_region_view(tmp_path):
+    import bench_samples
+    for kind in ("native", "volta"):
+        bench.build_store(kind, str(tmp_path / kind), 6, 5, 16)
+    volta = bench_samples.VoltaSamples(bench.VoltaSchemeReader(str(tmp_path / "volta"), 16, 7, "last"), 5, 7,
+                                       "last", 16)
+    view = RegionView(open_store(tmp_path / "native"), num_locs=7, add_global_imgfeat="last", max_region_num=5)
+    for i in range(6):
+        got, ref = view[str(1000000 + i)], volta[str(1000000 + i)]
+        for a, b in zip(got[:3], ref):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)

@@ -75,8 +75,9 @@ def encode_record(features: np.ndarray, boxes: np.ndarray, image_w: int, image_h
     return bytes(out)
 
 
-def decode_record(value: bytes):
-    """-> (n, image_w, image_h, features, boxes, extra); ValueError on any inconsistency."""
+def decode_header(value) -> tuple:
+    """-> (n, d, image_w, image_h, feature dtype, features offset, boxes offset, extra-header length)
+    of a record (bytes or a buffer); ValueError on any inconsistency.  No array is built."""
     if len(value) < _FIXED.size:
         raise ValueError(f"record is {len(value)} bytes, shorter than its header")
     magic, n, d, w, h, code, extra_len = _FIXED.unpack_from(value, 0)
@@ -86,10 +87,15 @@ def decode_record(value: bytes):
         raise ValueError(f"unknown feature dtype code {code}")
     feat_dtype = _FEATURE_DTYPES[code]
     start = _aligned(_FIXED.size + extra_len)
-    feat_bytes = n * d * feat_dtype.itemsize
-    box_start = start + _aligned(feat_bytes)
+    box_start = start + _aligned(n * d * feat_dtype.itemsize)
     if box_start + n * 16 > len(value):
         raise ValueError(f"record truncated: {len(value)} bytes for {n} boxes of {d} features")
+    return n, d, w, h, feat_dtype, start, box_start, extra_len
+
+
+def decode_record(value: bytes):
+    """-> (n, image_w, image_h, features, boxes, extra); ValueError on any inconsistency."""
+    n, d, w, h, feat_dtype, start, box_start, extra_len = decode_header(value)
     features = np.ndarray((n, d), feat_dtype, value, start)  # views of `value`: no copy
     boxes = np.ndarray((n, 4), _BOX_DTYPE, value, box_start)
     extra = {}

@@ -18,9 +18,9 @@ import numpy as np
 
 from .base import (FeatureStore, LmdbStoreMixin, StoreWriter, release_shared_env,
                    shared_readonly_env)
-from .native_codec import decode_record, encode_record
+from .native_codec import decode_header, decode_record, encode_record
 from .records import (FeatureDimError, FeatureRecord, FeatureStoreError, IncompleteStoreError,
-                      make_record)
+                      RecordParts, make_record)
 
 META_KEY = b"__volta_ml_meta__"
 FORMAT_NAME = "volta-ml-features"
@@ -85,6 +85,21 @@ class NativeStore(LmdbStoreMixin, FeatureStore):
             features = features.astype(np.float32)
         # Shapes and sizes were validated when the record was written: no second check here.
         return FeatureRecord(features, boxes, w, h, n, extra)
+
+    def region_parts(self, image_id: str) -> RecordParts | None:
+        """The record's arrays (zero-copy views) without decoding its extras or casting float16."""
+        value = self.get_value(image_id.encode())
+        if value is None:
+            return None
+        try:
+            n, d, w, h, dtype, start, box_start, _ = decode_header(value)
+        except ValueError as err:
+            raise FeatureStoreError(self.path, f"corrupt record: {err}", image_id) from None
+        if self.expected_dim is not None and d != self.expected_dim:
+            raise FeatureDimError(self.path, f"feature dimension {d} but {self.expected_dim} expected",
+                                  image_id)
+        return RecordParts(n, w, h, np.ndarray((n, d), dtype, value, start),
+                           np.ndarray((n, 4), np.float32, value, box_start))
 
     def describe(self) -> dict:
         info = super().describe()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
@@ -26,6 +26,20 @@ class FeatureRecord:
     @property
     def feature_dim(self) -> int:
         return int(self.features.shape[1])
+
+
+class RecordParts(NamedTuple):
+    """What a padded-input builder (RegionView) needs of a record, without building one: the arrays
+    as stored (read-only views; features may be float16)."""
+    num_boxes: int
+    image_w: int
+    image_h: int
+    features: np.ndarray  # [N, D]
+    boxes: np.ndarray  # float32 [N, 4]
+
+    @classmethod
+    def of(cls, record: FeatureRecord) -> "RecordParts":
+        return cls(record.num_boxes, record.image_w, record.image_h, record.features, record.boxes)
 
 
 class FeatureStoreError(ValueError):

@@ -17,13 +17,16 @@ def _load_model(fixture_dir: str, kind: str):
     return model, config
 
 
-def load_for_parity(fixture_dir: str, kind: str = "tasks", dtype: torch.dtype = torch.float32):
+def load_for_parity(fixture_dir: str, kind: str = "tasks", dtype: torch.dtype = torch.float32,
+                    device: str | torch.device = "cpu"):
+    """`run(batch, task_ids) -> outputs` of the fixture's model on `device` (outputs stay there)."""
     model, config = _load_model(fixture_dir, kind)
     load_checkpoint(model, os.path.join(fixture_dir, "pytorch_model.bin"))
-    model.to(dtype).eval()
+    model.to(dtype).to(device).eval()
 
     @torch.no_grad()
     def run(batch: dict, task_ids: list) -> dict:
+        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         args = dict(input_txt=batch["input_txt"], input_imgs=batch["input_imgs"], image_loc=batch["image_loc"],
                     token_type_ids=batch.get("token_type_ids"), attention_mask=batch.get("attention_mask"),
                     image_attention_mask=batch.get("image_attention_mask"))

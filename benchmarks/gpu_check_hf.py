@@ -1,0 +1,260 @@
+"""gpu_check.py's CVQA check of the Hugging Face backend families at real architecture size, random weights.
+
+Each entry of `BACKENDS` builds the paper model's architecture from transformers config classes (no download):
+the model is constructed on the meta device, materialised with `to_empty(device)` and initialised by
+`init_weights()` (which, in transformers 5, also rebuilds position ids and rotary frequencies), then the scoring
+call of its backend kind is timed on a batch of synthetic questions:
+  dual encoder (CLIP, SigLIP, M-CLIP)  one image + the 4 option texts embedded per question, cosine scores
+  letter rule (LLaVA, InstructBLIP, mBLIP)  one forward per question (image tokens + prompt), next-token logits
+  open-ended (LLaVA)  the prompt once with its KV cache, then 4 continuations of 8 tokens on the repeated cache
+Weights do not change the speed. `--quick` builds the same families at width 32 (CPU, seconds).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+TEXT_TOKENS, CONT_TOKENS = 64, 8  # prompt text after the image tokens; one answer continuation
+
+
+def _tiny_vision(**kw):
+    return dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_hidden_layers=2, image_size=32,
+                patch_size=8, **kw)
+
+
+def _llama(quick):
+    from transformers import LlamaConfig
+    if quick:
+        return LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           num_key_value_heads=2, vocab_size=1000)
+    return LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=32, vocab_size=32064, max_position_embeddings=4096)
+
+
+def _t5(quick, vocab):  # Flan-T5-XL (InstructBLIP) / mT0-XL (mBLIP): the same shape, different vocabularies
+    from transformers import MT5Config, T5Config
+    cls = T5Config if vocab == 32128 else MT5Config
+    if quick:
+        return cls(d_model=32, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2, d_kv=16, vocab_size=1000,
+                   feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    return cls(d_model=2048, d_ff=5120, num_layers=24, num_decoder_layers=24, num_heads=32, d_kv=64, vocab_size=vocab,
+               feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+
+
+def clip_b32(quick):
+    from transformers import CLIPConfig, CLIPModel
+    if quick:
+        return CLIPModel, CLIPConfig(text_config=dict(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                                      num_hidden_layers=2, vocab_size=1000),
+                                     vision_config=_tiny_vision(), projection_dim=32)
+    return CLIPModel, CLIPConfig()  # the defaults are openai/clip-vit-base-patch32's sizes
+
+
+def clip_l14_336(quick):
+    from transformers import CLIPConfig, CLIPModel
+    if quick:
+        return clip_b32(quick)
+    return CLIPModel, CLIPConfig(
+        text_config=dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, num_hidden_layers=12),
+        vision_config=dict(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_hidden_layers=24,
+                           image_size=336, patch_size=14), projection_dim=768)
+
+
+def siglip_base(quick):
+    from transformers import SiglipConfig, SiglipModel
+    if quick:
+        return SiglipModel, SiglipConfig(text_config=dict(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                                          num_hidden_layers=2, vocab_size=1000),
+                                         vision_config=_tiny_vision())
+    return SiglipModel, SiglipConfig()  # google/siglip-base-patch16-224's sizes
+
+
+class MClip(torch.nn.Module):
+    """M-CLIP XLM-R-Large-ViT-B/32: XLM-R text tower, mean pooling, a linear map into CLIP ViT-B/32's image space."""
+
+    def __init__(self, text_config, vision_config):
+        super().__init__()
+        from transformers import CLIPVisionModelWithProjection, XLMRobertaModel
+        self.text = XLMRobertaModel(text_config, add_pooling_layer=False)
+        self.proj = torch.nn.Linear(text_config.hidden_size, vision_config.projection_dim)
+        self.vision = CLIPVisionModelWithProjection(vision_config)
+
+    def init_weights(self):
+        self.text.init_weights()
+        self.vision.init_weights()
+        torch.nn.init.normal_(self.proj.weight, std=0.02)
+        torch.nn.init.zeros_(self.proj.bias)
+
+    def forward(self, input_ids, attention_mask, pixel_values):
+        hidden = self.text(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        text = self.proj((hidden * mask).sum(1) / mask.sum(1))
+        image = self.vision(pixel_values=pixel_values).image_embeds
+        return torch.nn.functional.normalize(image, dim=-1) @ torch.nn.functional.normalize(text, dim=-1).T
+
+
+def mclip(quick):
+    from transformers import CLIPVisionConfig, XLMRobertaConfig
+    if quick:
+        text = XLMRobertaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_hidden_layers=2,
+                                vocab_size=1000)
+        return MClip, (text, CLIPVisionConfig(**_tiny_vision(), projection_dim=32))
+    text = XLMRobertaConfig(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_hidden_layers=24,
+                            vocab_size=250002, max_position_embeddings=514)
+    return MClip, (text, CLIPVisionConfig(projection_dim=512))
+
+
+def llava_7b(quick):
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
+    vision = CLIPVisionConfig(**_tiny_vision()) if quick else CLIPVisionConfig(
+        hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_hidden_layers=24, image_size=336,
+        patch_size=14, projection_dim=768)
+    text = _llama(quick)
+    return LlavaForConditionalGeneration, LlavaConfig(vision_config=vision, text_config=text,
+                                                      image_token_index=text.vocab_size - 64 if not quick else 999,
+                                                      vision_feature_layer=-2, projector_hidden_act="gelu")
+
+
+def _blip(cls_name, config_name, text, quick):
+    import transformers
+    extra = dict(vision_config=_tiny_vision(), num_query_tokens=4,
+                 qformer_config=dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_hidden_layers=2,
+                                     encoder_hidden_size=32, vocab_size=1000)) if quick else {}
+    config = getattr(transformers, config_name)(text_config=text.to_dict(), image_token_index=text.vocab_size - 1,
+                                                **extra)
+    return getattr(transformers, cls_name), config
+
+
+def instructblip_flan_t5_xl(quick):
+    return _blip("InstructBlipForConditionalGeneration", "InstructBlipConfig", _t5(quick, 32128), quick)
+
+
+def mblip_mt0_xl(quick):
+    return _blip("Blip2ForConditionalGeneration", "Blip2Config", _t5(quick, 250112), quick)
+
+
+def mblip_bloomz_7b(quick):
+    from transformers import BloomConfig
+    text = BloomConfig(hidden_size=32, n_layer=2, n_head=2, vocab_size=1000) if quick else \
+        BloomConfig(hidden_size=4096, n_layer=30, n_head=32, vocab_size=250880)
+    return _blip("Blip2ForConditionalGeneration", "Blip2Config", text, quick)
+
+
+# name: (builder, scoring kind, questions per timed batch on the GPU)
+BACKENDS = {
+    "clip-vit-b32": (clip_b32, "dual", 256),
+    "clip-vit-l14-336": (clip_l14_336, "dual", 256),
+    "siglip-base-p16-224": (siglip_base, "dual", 256),
+    "m-clip-xlmr-large-vit-b32": (mclip, "mclip", 256),
+    "llava-1.5-7b letter": (llava_7b, "letter", 16),
+    "llava-1.5-7b open-ended": (llava_7b, "open", 8),
+    "instructblip-flan-t5-xl letter": (instructblip_flan_t5_xl, "letter", 32),
+    "mblip-mt0-xl letter": (mblip_mt0_xl, "letter", 32),
+    "mblip-bloomz-7b letter": (mblip_bloomz_7b, "letter", 16),
+}
+
+
+def materialise(model_cls, config, device, dtype):
+    """Real-size model without a download: meta-device construction, to_empty on `device`, init_weights()."""
+    with torch.device("meta"):
+        model = model_cls(*config) if isinstance(config, tuple) else model_cls(config)
+    model = model.to(dtype).to_empty(device=device)
+    tensors = dict(model.named_parameters())
+    tensors.update(model.named_buffers())
+    with torch.no_grad():
+        for tensor in tensors.values():  # NaN marks what init_weights leaves untouched
+            if tensor.is_floating_point():
+                tensor.fill_(float("nan"))
+        model.init_weights()
+        for name, tensor in tensors.items():
+            if name.endswith("position_ids"):  # index buffers must be ranges, never garbage
+                tensor.copy_(torch.arange(tensor.shape[-1], device=device).expand_as(tensor))
+            elif tensor.is_floating_point() and torch.isnan(tensor).any():  # e.g. CLIP's logit_scale
+                tensor.normal_(0.0, 0.02) if tensor.dim() >= 2 else tensor.zero_()
+    return model.eval()
+
+
+def _image_size(config):
+    vision = config[1] if isinstance(config, tuple) else config.vision_config
+    return vision.image_size
+
+
+def _inputs(model, config, kind, batch, device):
+    """Synthetic inputs of one timed call: ids in range, image tokens where the processor would put them."""
+    size = _image_size(config)
+    pixels = torch.randn(batch, 3, size, size, device=device, dtype=next(model.parameters()).dtype)
+    if kind in ("dual", "mclip"):
+        vocab = (config[0] if isinstance(config, tuple) else config.text_config).vocab_size
+        ids = torch.randint(5, vocab - 5, (4 * batch, 32), device=device)
+        return dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels)
+    text = config.text_config
+    if hasattr(config, "num_query_tokens"):  # BLIP-2 family: the Q-Former's query outputs replace image tokens
+        n_image = config.num_query_tokens
+    else:  # LLaVA: one token per patch, CLS dropped ("default" feature selection)
+        n_image = (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+    image_token = config.image_token_index
+    ids = torch.randint(5, image_token - 1, (batch, n_image + TEXT_TOKENS), device=device)
+    ids[:, 1:1 + n_image] = image_token
+    out = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels)
+    if hasattr(config, "qformer_config") and "InstructBlip" in type(model).__name__:
+        q = torch.randint(5, config.qformer_config.vocab_size - 5, (batch, 24), device=device)
+        out.update(qformer_input_ids=q, qformer_attention_mask=torch.ones_like(q))
+    if getattr(text, "is_encoder_decoder", False):
+        out["decoder_input_ids"] = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    return out
+
+
+@torch.no_grad()
+def score_call(model, config, kind, inputs):
+    """One scoring call of the backend kind: what CVQA runs per batch of questions."""
+    if kind == "open":
+        prompt = model(**inputs, use_cache=True, logits_to_keep=1)
+        cache = prompt.cache
+        cache.batch_repeat_interleave(4)
+        rows = inputs["input_ids"].shape[0] * 4
+        conts = torch.randint(5, config.image_token_index - 1, (rows, CONT_TOKENS), device=inputs["input_ids"].device)
+        mask = torch.ones(rows, inputs["input_ids"].shape[1] + CONT_TOKENS, dtype=torch.long, device=conts.device)
+        logits = model(input_ids=conts, attention_mask=mask, cache=cache).logits
+        return torch.log_softmax(logits.float(), -1).gather(-1, conts[..., None]).sum((1, 2))
+    if kind == "letter" and not getattr(config.text_config, "is_encoder_decoder", False):
+        return model(**inputs, logits_to_keep=1).logits[:, -1]
+    out = model(**inputs)
+    if isinstance(out, torch.Tensor):  # M-CLIP: the cosine matrix itself
+        return out
+    return out.logits_per_image if getattr(out, "logits_per_image", None) is not None else out.logits
+
+
+def check_cvqa_hf(ctx) -> None:
+    device = torch.device(ctx.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    for name, (builder, kind, batch) in BACKENDS.items():
+        if ctx.skip_if_late(name, 2 if ctx.quick else 25):
+            continue
+        batch = 2 if ctx.quick else batch
+        start = time.perf_counter()
+        model_cls, config = builder(ctx.quick)
+        model = materialise(model_cls, config, device, dtype)
+        build_s = time.perf_counter() - start
+        inputs = _inputs(model, config, kind, batch, device)
+        reps = 1 if ctx.quick else 3
+        scores = score_call(model, config, kind, inputs)  # warm-up
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(reps):
+            scores = score_call(model, config, kind, inputs)
+        _sync(device)
+        seconds = (time.perf_counter() - start) / reps
+        ctx.row(item=name, kind=kind, dtype=str(dtype).replace("torch.", ""), batch=batch,
+                questions_per_s=batch / seconds, params_b=sum(p.numel() for p in model.parameters()) / 1e9,
+                build_s=build_s, finite=bool(torch.isfinite(scores.float()).all()),
+                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None)
+        del model, inputs, scores
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()

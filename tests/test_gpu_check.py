@@ -1,0 +1,99 @@
+"""benchmarks/gpu_check.py: every check runs with --quick on the CPU (so the GPU check cannot rot), a failing
+check is reported while the others still run, the goals are judged from the rows, and the HF architectures built
+on the meta device are really initialised."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import gpu_check  # noqa: E402
+import gpu_check_hf  # noqa: E402
+import gpu_check_report  # noqa: E402
+
+EXPECTED = {  # check -> a field every measured row of it carries
+    "device": "torch", "parity": "item", "train_step": "samples_per_s", "retrieval": "pairs_per_s",
+    "extraction": "images_per_s", "cvqa_zoo": "questions_per_s", "cvqa_hf": "questions_per_s", "ddp": "speedup"}
+
+
+@pytest.mark.parametrize("name", gpu_check.CHECK_NAMES)
+def test_every_check_runs_quick_on_cpu(tmp_path, name):
+    report = gpu_check.main(["--quick", "--device", "cpu", "--in-process", "--only", name, "--out", str(tmp_path)])
+    entry = report["checks"][name]
+    assert entry["status"] == "ok", entry["detail"]
+    measured = [r for r in entry["rows"] if r.get("status") != "skipped"]
+    assert measured and all(EXPECTED[name] in r for r in measured), entry["rows"]
+    if name == "train_step":
+        assert {r["precision"] for r in measured} == {"fp32", "bf16"}
+        assert all(r["samples_per_s"] > 0 and r["flops_per_sample"] > 0 and r["mfu"] is None for r in measured)
+        assert {g["status"] for g in report["goal_results"]} <= {"pass", "FAIL", "not measured"}
+    if name == "cvqa_hf":
+        assert [r["item"] for r in measured] == list(gpu_check_hf.BACKENDS)
+        assert all(r["finite"] for r in measured)
+    if name == "parity" and measured[0].get("status") != "skipped":
+        assert measured[0]["status"] == "ok" and measured[0]["failed"] == 0 and measured[0]["compared"] > 0
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["checks"][name]["status"] == "ok"
+    assert f"### {name}: ok" in (tmp_path / "report.md").read_text()
+
+
+def test_checks_run_in_their_own_process_and_a_failure_does_not_stop_the_rest(tmp_path, monkeypatch):
+    report = gpu_check.main(["--quick", "--device", "cpu", "--only", "device", "--out", str(tmp_path / "a")])
+    assert report["checks"]["device"]["status"] == "ok" and report["checks"]["device"]["rows"][0]["torch"]
+
+    def broken(ctx):
+        ctx.row(item="first half", value=1.0)
+        raise RuntimeError("CUDA error: out of memory")
+
+    def fine(ctx):
+        ctx.row(item="measured", value=2.0)
+
+    monkeypatch.setattr(gpu_check, "_checks", lambda: {"device": (broken, 5, "breaks"), "ddp": (fine, 5, "works")})
+    report = gpu_check.main(["--quick", "--device", "cpu", "--in-process", "--only", "device", "ddp",
+                             "--out", str(tmp_path / "b")])
+    failed, ok = report["checks"]["device"], report["checks"]["ddp"]
+    assert failed["status"] == "failed" and "out of memory" in failed["detail"]
+    assert failed["rows"] == [{"item": "first half", "value": 1.0}]  # what it measured before failing is kept
+    assert ok["status"] == "ok" and ok["rows"][0]["value"] == 2.0
+    text = (tmp_path / "b" / "report.md").read_text()
+    assert "### device: failed" in text and "out of memory" in text and "### ddp: ok" in text
+
+
+def test_a_spent_total_budget_skips_the_remaining_checks(tmp_path):
+    report = gpu_check.main(["--quick", "--device", "cpu", "--in-process", "--only", "device", "ddp",
+                             "--total-budget", "5", "--out", str(tmp_path)])
+    assert report["checks"]["device"]["status"] == "skipped"
+    assert "total budget" in report["checks"]["ddp"]["detail"]
+
+
+def test_context_skips_work_that_does_not_fit_its_budget(tmp_path):
+    ctx = gpu_check.Context("x", True, "cpu", time.monotonic() + 3, tmp_path / "rows.jsonl")
+    assert not ctx.skip_if_late("small", 1) and ctx.skip_if_late("big", 60)
+    assert gpu_check.read_rows(tmp_path / "rows.jsonl")[0]["item"] == "big"
+
+
+def test_goals_are_judged_from_the_train_step_rows():
+    rows = [{"config": "a", "precision": "fp32", "samples_per_s": 100.0, "volta_scheme_samples_per_s": 50.0},
+            {"config": "a", "precision": "bf16", "samples_per_s": 200.0, "mfu": 0.40},
+            {"config": "b", "precision": "fp32", "samples_per_s": 100.0, "volta_scheme_samples_per_s": None},
+            {"config": "b", "precision": "bf16", "samples_per_s": 120.0, "mfu": 0.20}]
+    goals = gpu_check_report.goal_results({"checks": {"train_step": {"rows": rows}}})
+    got = {(g["config"], g["goal"].split()[1]): (g["status"], g["shown"]) for g in goals}
+    assert got[("a", "step")] == ("pass", "4.00x") and got[("a", "MFU")] == ("pass", "40.0%")
+    assert got[("b", "step")] == ("not measured", None) and got[("b", "MFU")] == ("FAIL", "20.0%")
+
+
+def test_meta_device_build_is_initialised_like_a_real_model():
+    model_cls, config = gpu_check_hf.clip_b32(quick=True)
+    model = gpu_check_hf.materialise(model_cls, config, torch.device("cpu"), torch.float32)
+    ids = model.text_model.embeddings.position_ids
+    assert torch.equal(ids, torch.arange(ids.shape[-1]).expand_as(ids))
+    weight = model.vision_model.encoder.layers[0].mlp.fc1.weight
+    assert torch.isfinite(weight).all() and 0.01 < weight.std().item() < 0.5  # CLIP: std = (2 * width) ** -0.5
+    assert torch.equal(model.text_model.final_layer_norm.weight, torch.ones(32))
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # also what init_weights leaves (logit_scale)
