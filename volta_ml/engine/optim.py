@@ -63,12 +63,12 @@ class VoltaAdamW(torch.optim.Optimizer):
         m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  p = (p - s m / (sqrt(v) + eps)) * k
     torch's fused AdamW kernel (`torch._fused_adamw_`, CPU and CUDA) computes, with bias correction
     neutralised by a step count of +inf (1 - b^inf = 1 exactly):
-        m = lerp(m, g, 1 - b1);  v = b2 v + (1 - b2) g^2;  p = p (1 - lr' wd') - lr' m / (sqrt(v) + eps)
+        m, v as above;  p = p (1 - lr' wd') - lr' m / (sqrt(v) + eps)
     which is the same update with lr' = s k and lr' wd' = lr wd: eps sits where VOLTA puts it, and the
     decay of the updated value becomes a decay of the old one plus a k-scaled step. One pass over p, g,
     m and v (multi-threaded on CPU, multi-tensor on CUDA) and no temporaries; the numbers differ from
-    the per-tensor loop by fp32 rounding only (see tests/test_train_optim.py for the tolerance).
-    Tensors the kernel cannot take (sparse gradients aside) go through the per-tensor loop.
+    the per-tensor loop by fp32 rounding only (tolerance in tests/test_optim_equivalence.py). Tensors the
+    kernel cannot take, a step at LR 0, and `fused=False` go through the per-tensor loop.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True,
@@ -114,7 +114,7 @@ class VoltaAdamW(torch.optim.Optimizer):
         return loss
 
 
-_FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")
+_FUSED_DEVICES = ("cpu", "cuda")   # where the kernel is tested; other devices take the per-tensor loop
 _FUSED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
