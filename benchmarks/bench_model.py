@@ -118,6 +118,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (use --warmup 2 or more)")
+    ap.add_argument("--thp", action="store_true",
+                    help="set THP_MEM_ALLOC_ENABLE=1: torch's CPU allocator uses transparent huge pages, so the "
+                         "gradients allocated anew every step page-fault far less")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     ap.add_argument("--_one", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -137,7 +140,8 @@ def main() -> int:
             cmd = [sys.executable, __file__, "--_one", f"{cfg},{prec},{device}", "--batch", str(batch),
                    "--steps", str(steps), "--warmup", str(args.warmup)] + \
                 (["--threads", str(args.threads)] if args.threads else []) + (["--compile"] if args.compile else [])
-            out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+            env = {**os.environ, "PYTHONWARNINGS": "ignore"} | ({"THP_MEM_ALLOC_ENABLE": "1"} if args.thp else {})
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if out.returncode:
                 print(f"{cfg} {prec}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
                 continue
@@ -146,7 +150,8 @@ def main() -> int:
             print(f"  {cfg:18s} {prec:5s} {r['samples_per_s']:8.2f} samples/s", file=sys.stderr, flush=True)
     threads = rows[0]["threads"] if rows else torch.get_num_threads()
     print(f"\nforward / backward / AdamW step (seconds, median of {steps}), text 40, 36+1 regions, GQA head, "
-          f"batch {batch}, device {device}, torch threads {threads}{', compiled' if args.compile else ''}\n"
+          f"batch {batch}, device {device}, torch threads {threads}{', compiled' if args.compile else ''}"
+          f"{', THP allocator' if args.thp else ''}\n"
           "AdamW = VoltaAdamW (fused); ref AdamW = per-tensor reference AdamW (pytorch-transformers' loop, "
           "VOLTA's per-tensor groups); ref samples/s = forward + backward + ref AdamW")
     print_table(rows)
