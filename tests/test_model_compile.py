@@ -4,6 +4,9 @@ Dual- and single-stream models go through dynamo + AOTAutograd with `fullgraph=T
 the model code) on the `aot_eager` backend, which is quick; one small forward also runs through inductor,
 the backend `--compile` uses, so its generated kernels are checked against eager numbers too.
 """
+import os
+import shutil
+
 import pytest
 import torch
 
@@ -56,6 +59,8 @@ def test_compiled_graph_matches_eager_with_gradients(family):
         torch.testing.assert_close(comp_grads[name], g, rtol=1e-4, atol=1e-7, msg=name)
 
 
+@pytest.mark.skipif(not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")),
+                    reason="inductor needs a C++ compiler")
 def test_inductor_forward_matches_eager():
     model = _model("ctrl_uniter_base", layers=1)
     batch = tiny_batch(model.config)
