@@ -1,10 +1,14 @@
-"""Training-step throughput of the model zoo: forward + backward + AdamW step on the real base configs.
+"""Training-step throughput of the model zoo, split into forward / backward / optimizer, on the real base configs.
 
-Text length 40, 36 regions + 1 global slot, fp32 and bf16 autocast; CPU by default, CUDA when present.
-Each (config, precision) runs in its own process so peak memory is that run's alone. Prints one table.
+Text length 40, 36 regions + 1 global slot, the GQA head (1,842 answers), fp32 and bf16 autocast; CPU by default,
+CUDA when present. The optimizer is `VoltaAdamW` (the default `--adam_impl volta`) over `parameter_groups`; beside
+it, on the same model and gradients, runs a "per-tensor reference AdamW": pytorch-transformers' in-place loop of the
+same formula, one group per tensor as VOLTA's train_task.py builds them (`VoltaAdamW(fused=False)`, bit-identical to
+that loop). Each (config, precision) runs in its own process so peak memory is that run's alone. Prints one table.
 
     python benchmarks/bench_model.py                    # all five configs, CPU (or CUDA if available)
-    python benchmarks/bench_model.py --configs uc2_base --batch 8 --steps 5
+    python benchmarks/bench_model.py --configs ctrl_lxmert --precisions fp32 --steps 5 --threads 2
+    python benchmarks/bench_model.py --compile          # torch.compile the model (first steps compile; warmup 2+)
 """
 from __future__ import annotations
 
@@ -12,23 +16,18 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
 
 CONFIGS = ["uc2_base", "ctrl_xuniter_base", "m3p_base", "ctrl_vilbert_base", "ctrl_lxmert"]
 TASK = {"TASK15": {"type": "VL-classifier-GQA", "num_labels": 1842}}
+NO_DECAY = ("bias", "LayerNorm.bias", "LayerNorm.weight")
 
 
-def one_run(config_name: str, precision: str, device: str, batch: int, steps: int, warmup: int) -> dict:
+def _batch(config, batch: int, device: str):
     import torch
-    from volta_ml.models import build_model, load_config
-
-    torch.manual_seed(0)
-    config = load_config(config_name)
-    model = build_model(config, TASK).to(device).train()
-    fused = device == "cuda" or hasattr(torch.optim.AdamW, "fused")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=True if fused else None)
     L, R = 40, 37
     vocab = config.n_words if config.is_m3p else config.vocab_size
     feat = 2048 if config.is_m3p else config.v_feature_size
@@ -38,34 +37,75 @@ def one_run(config_name: str, precision: str, device: str, batch: int, steps: in
              input_imgs=torch.rand(batch, R, feat, generator=g), image_loc=torch.rand(batch, R, locs, generator=g),
              attention_mask=torch.ones(batch, L, dtype=torch.long),
              image_attention_mask=torch.ones(batch, R, dtype=torch.long))
-    b = {k: v.to(device) for k, v in b.items()}
-    target = torch.randint(0, 1842, (batch,), generator=g).to(device)
-    amp = torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
+    target = torch.zeros(batch, 1842)
+    target[torch.arange(batch), torch.randint(0, 1842, (batch,), generator=g)] = 1.0
+    return {k: v.to(device) for k, v in b.items()}, target.to(device)
 
-    def step():
+
+def one_run(config_name: str, precision: str, device: str, batch: int, steps: int, warmup: int,
+            compile_model: bool) -> dict:
+    import torch
+    from volta_ml.engine.optim import VoltaAdamW, parameter_groups
+    from volta_ml.models import build_model, load_config
+
+    torch.manual_seed(0)
+    config = load_config(config_name)
+    model = build_model(config, TASK).to(device).train()
+    run = torch.compile(model) if compile_model else model
+    lr, wd = 2e-5, 1e-4
+    ours = VoltaAdamW(parameter_groups(model, wd), lr=lr, eps=1e-6, correct_bias=True)
+    per_tensor = [{"params": [p], "weight_decay": 0.0 if any(m in n for m in NO_DECAY) else wd}
+                  for n, p in model.named_parameters() if p.requires_grad]
+    reference = VoltaAdamW(per_tensor, lr=lr, eps=1e-6, correct_bias=True, fused=False)
+    b, target = _batch(config, batch, device)
+    amp = torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def step(opt) -> tuple[float, float, float]:
+        sync()
+        t0 = time.perf_counter()
         with amp:
-            logits = model(**b, task_id="TASK15")
-        loss = torch.nn.functional.cross_entropy(logits.float(), target)
+            logits = run(**b, task_id="TASK15")
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), target) * target.size(1)
+        sync()
+        t1 = time.perf_counter()
         loss.backward()
+        sync()
+        t2 = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sync()
+        return t1 - t0, t2 - t1, time.perf_counter() - t2
 
     for _ in range(warmup):
-        step()
+        step(ours)
+        step(reference)
     if device == "cuda":
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / steps
+    times, ref_opt = [], []
+    for _ in range(steps):   # alternate, so machine noise hits both optimizers alike
+        times.append(step(ours))
+        ref_opt.append(step(reference)[2])
+    fwd, bwd, opt = (statistics.median(t[i] for t in times) for i in range(3))
+    ref = statistics.median(ref_opt)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else \
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return {"config": config_name, "precision": precision, "device": device, "batch": batch,
-            "step_s": dt, "samples_per_s": batch / dt, "peak_gib": peak,
+            "compiled": compile_model, "threads": torch.get_num_threads(),
+            "forward_s": fwd, "backward_s": bwd, "optimizer_s": opt, "reference_optimizer_s": ref,
+            "step_s": fwd + bwd + opt, "reference_step_s": fwd + bwd + ref,
+            "samples_per_s": batch / (fwd + bwd + opt), "peak_gib": peak,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'config':18s} {'prec':5s} {'params':>7s} {'forward':>8s} {'backward':>9s} {'AdamW':>7s} "
+          f"{'ref AdamW':>10s} {'step s':>7s} {'samples/s':>10s} {'ref samples/s':>14s} {'peak GiB':>9s}")
+    for r in rows:
+        print(f"{r['config']:18s} {r['precision']:5s} {r['params_m']:6.1f}M {r['forward_s']:8.3f} "
+              f"{r['backward_s']:9.3f} {r['optimizer_s']:7.3f} {r['reference_optimizer_s']:10.3f} "
+              f"{r['step_s']:7.3f} {r['samples_per_s']:10.2f} {r['batch'] / r['reference_step_s']:14.2f} "
+              f"{r['peak_gib']:9.2f}")
 
 
 def main() -> int:
@@ -74,16 +114,23 @@ def main() -> int:
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--batch", type=int, default=None, help="default 8 on CPU, 64 on CUDA")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 3 on CPU, 20 on CUDA)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per optimizer (default 3 on CPU, 20 on CUDA)")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (use --warmup 2 or more)")
+    ap.add_argument("--thp", action="store_true",
+                    help="set THP_MEM_ALLOC_ENABLE=1: torch's CPU allocator uses transparent huge pages, so the "
+                         "gradients allocated anew every step page-fault far less")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     ap.add_argument("--_one", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args._one:
         cfg, prec, dev = args._one.split(",")
-        print(json.dumps(one_run(cfg, prec, dev, args.batch, args.steps, args.warmup)))
+        print(json.dumps(one_run(cfg, prec, dev, args.batch, args.steps, args.warmup, args.compile)))
         return 0
-    import torch
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     batch = args.batch or (64 if device == "cuda" else 8)
     steps = args.steps or (20 if device == "cuda" else 3)
@@ -91,20 +138,23 @@ def main() -> int:
     for cfg in args.configs:
         for prec in args.precisions:
             cmd = [sys.executable, __file__, "--_one", f"{cfg},{prec},{device}", "--batch", str(batch),
-                   "--steps", str(steps), "--warmup", str(args.warmup)]
-            out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                   "--steps", str(steps), "--warmup", str(args.warmup)] + \
+                (["--threads", str(args.threads)] if args.threads else []) + (["--compile"] if args.compile else [])
+            env = {**os.environ, "PYTHONWARNINGS": "ignore"} | ({"THP_MEM_ALLOC_ENABLE": "1"} if args.thp else {})
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if out.returncode:
                 print(f"{cfg} {prec}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
                 continue
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             r = rows[-1]
             print(f"  {cfg:18s} {prec:5s} {r['samples_per_s']:8.2f} samples/s", file=sys.stderr, flush=True)
-    print(f"\nforward+backward+AdamW, text 40, 36+1 regions, batch {batch}, device {device}, "
-          f"torch threads {torch.get_num_threads()}")
-    print(f"{'config':20s} {'prec':5s} {'params':>8s} {'step s':>8s} {'samples/s':>10s} {'peak GiB':>9s}")
-    for r in rows:
-        print(f"{r['config']:20s} {r['precision']:5s} {r['params_m']:7.1f}M {r['step_s']:8.3f} "
-              f"{r['samples_per_s']:10.2f} {r['peak_gib']:9.2f}")
+    threads = rows[0]["threads"] if rows else torch.get_num_threads()
+    print(f"\nforward / backward / AdamW step (seconds, median of {steps}), text 40, 36+1 regions, GQA head, "
+          f"batch {batch}, device {device}, torch threads {threads}{', compiled' if args.compile else ''}"
+          f"{', THP allocator' if args.thp else ''}\n"
+          "AdamW = VoltaAdamW (fused); ref AdamW = per-tensor reference AdamW (pytorch-transformers' loop, "
+          "VOLTA's per-tensor groups); ref samples/s = forward + backward + ref AdamW")
+    print_table(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -67,6 +67,8 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--adam_impl", choices=["volta", "torch"], default="volta",
         help="volta: pytorch-transformers' AdamW exactly; torch: torch.optim.AdamW (fused on CUDA), "
              "close to but not bit-identical with VOLTA")
+    add("--compile", action="store_true",
+        help="torch.compile the model (the first steps compile; pays off on long runs, see docs/training.md)")
     add("--checkpoint_every_steps", type=int, default=0,
         help="also write pytorch_ckpt_latest.tar every N optimizer steps (0: at epoch ends only)")
     add("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available; under torchrun/Slurm "

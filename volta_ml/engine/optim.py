@@ -5,7 +5,7 @@ in two ways that change numbers slightly:
 - eps is added to sqrt(v) *before* the bias correction is folded into the step size;
 - the decoupled weight decay is applied *after* the Adam update (p <- p - lr*wd*p on the
   already-updated p), and bias correction can be switched off (`--adam_correct_bias`).
-`VoltaAdamW` reproduces this exactly with multi-tensor (`torch._foreach_*`) kernels.
+`VoltaAdamW` reproduces this with torch's fused AdamW kernel and re-mapped hyper-parameters.
 `--adam_impl torch` selects `torch.optim.AdamW` (fused on CUDA), which is faster on GPU
 but only close to, not identical with, VOLTA's numbers.
 """
@@ -58,14 +58,29 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 class VoltaAdamW(torch.optim.Optimizer):
-    """AdamW exactly as `pytorch_transformers.optimization.AdamW` computes it."""
+    """AdamW exactly as `pytorch_transformers.optimization.AdamW` computes it, in one fused pass.
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True):
+    pytorch-transformers' step per tensor (s = lr * sqrt(1 - b2^t) / (1 - b1^t), or lr without bias
+    correction; k = 1 - lr * wd):
+        m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  p = (p - s m / (sqrt(v) + eps)) * k
+    torch's fused AdamW kernel (`torch._fused_adamw_`, CPU and CUDA) computes, with bias correction
+    neutralised by a step count of +inf (1 - b^inf = 1 exactly):
+        m, v as above;  p = p (1 - lr' wd') - lr' m / (sqrt(v) + eps)
+    which is the same update with lr' = s k and lr' wd' = lr wd: eps sits where VOLTA puts it, and the
+    decay of the updated value becomes a decay of the old one plus a k-scaled step. One pass over p, g,
+    m and v (multi-threaded on CPU, multi-tensor on CUDA) and no temporaries; the numbers differ from
+    the per-tensor loop by fp32 rounding only (tolerance in tests/test_optim_equivalence.py). Tensors the
+    kernel cannot take, a step at LR 0, and `fused=False` go through the per-tensor loop.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True,
+                 fused: bool | None = None):
         if lr < 0.0 or eps < 0.0 or not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise UsageError(f"invalid AdamW hyper-parameters (--lr, --adam_betas, --adam_epsilon): lr={lr}, "
                              f"betas={betas}, eps={eps}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, correct_bias=correct_bias)
         super().__init__(params, defaults)
+        self.fused = hasattr(torch, "_fused_adamw_") if fused is None else fused  # False: per-tensor loop
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -74,46 +89,62 @@ class VoltaAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            if any(p.grad.is_sparse for p in params):
-                raise RuntimeError("VoltaAdamW does not support sparse gradients")
-            beta1, beta2 = group["betas"]
-            grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
-            for p in params:
+            buckets: dict[tuple, list[torch.Tensor]] = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("VoltaAdamW does not support sparse gradients")
                 state = self.state[p]
                 if not state:
                     state["step"] = 0
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
-                grads.append(p.grad)
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
-                steps.append(state["step"])
-            # All tensors of a group are created together, so they share one step count;
-            # split by step if a caller added parameters later.
-            for step in sorted(set(steps)):
-                idx = [i for i, s in enumerate(steps) if s == step]
-                self._update([params[i] for i in idx], [grads[i] for i in idx], [exp_avgs[i] for i in idx],
-                             [exp_avg_sqs[i] for i in idx], step, group, beta1, beta2)
+                fusable = self.fused and p.device.type in _FUSED_DEVICES and p.dtype in _FUSED_DTYPES and \
+                    p.grad.dtype == p.dtype and p.is_contiguous() and p.grad.is_contiguous()
+                key = (fusable, p.device, p.dtype, state["step"])
+                buckets.setdefault(key, []).append(p)
+            for (fusable, device, _, step), params in buckets.items():
+                s = _step_size(group, step)
+                k = 1.0 - group["lr"] * group["weight_decay"] if group["weight_decay"] > 0.0 else 1.0
+                if fusable and s * k > 0.0:
+                    _fused_update(self.state, params, group, s, k, device)
+                else:
+                    for p in params:
+                        _reference_update(p, p.grad, self.state[p]["exp_avg"], self.state[p]["exp_avg_sq"],
+                                          group, s)
         return loss
 
-    @staticmethod
-    def _update(params, grads, exp_avgs, exp_avg_sqs, step, group, beta1, beta2):
-        torch._foreach_mul_(exp_avgs, beta1)
-        torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
-        denoms = torch._foreach_sqrt(exp_avg_sqs)
-        torch._foreach_add_(denoms, group["eps"])
-        step_size = group["lr"]
-        if group["correct_bias"]:
-            step_size = step_size * math.sqrt(1.0 - beta2 ** step) / (1.0 - beta1 ** step)
-        torch._foreach_addcdiv_(params, exp_avgs, denoms, value=-step_size)
-        if group["weight_decay"] > 0.0:
-            torch._foreach_add_(params, params, alpha=-group["lr"] * group["weight_decay"])
+
+_FUSED_DEVICES = ("cpu", "cuda")   # where the kernel is tested; other devices take the per-tensor loop
+_FUSED_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def _step_size(group: dict, step: int) -> float:
+    beta1, beta2 = group["betas"]
+    if not group["correct_bias"]:
+        return group["lr"]
+    return group["lr"] * math.sqrt(1.0 - beta2 ** step) / (1.0 - beta1 ** step)
+
+
+def _reference_update(p, grad, exp_avg, exp_avg_sq, group, step_size) -> None:
+    """pytorch-transformers' per-tensor update (one denominator temporary at a time)."""
+    beta1, beta2 = group["betas"]
+    exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    p.addcdiv_(exp_avg, exp_avg_sq.sqrt().add_(group["eps"]), value=-step_size)
+    if group["weight_decay"] > 0.0:
+        p.add_(p, alpha=-group["lr"] * group["weight_decay"])
+
+
+def _fused_update(state, params, group, step_size: float, keep: float, device) -> None:
+    lr = step_size * keep
+    steps = [torch.full((), math.inf, dtype=torch.float32, device=device)] * len(params)
+    torch._fused_adamw_(params, [p.grad for p in params], [state[p]["exp_avg"] for p in params],
+                        [state[p]["exp_avg_sq"] for p in params], [], steps, lr=lr, beta1=group["betas"][0],
+                        beta2=group["betas"][1], weight_decay=(1.0 - keep) / lr,
+                        eps=group["eps"], amsgrad=False, maximize=False)
 
 
 def build_optimizer(model: nn.Module, args, device: torch.device) -> torch.optim.Optimizer:

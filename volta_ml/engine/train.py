@@ -124,6 +124,8 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
     if ddp:
         model = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None,
                                         find_unused_parameters=True)
+    if args.compile:   # after DDP, so its bucketed all-reduce stays outside the compiled graphs
+        model = torch.compile(model)
 
     log = RunLog(job, info)
     _start_summary(job, args, info, batch, micro_per_epoch, total_steps, warmup, frozen, resumed,

@@ -135,6 +135,14 @@ def _heads(x: torch.Tensor, h: int) -> torch.Tensor:
     return x.view(b, n, h, a // h).transpose(1, 2)
 
 
+def _qkv(q: nn.Linear, k: nn.Linear, v: nn.Linear, x: torch.Tensor, h: int):
+    """Query, key and value heads from one GEMM over the concatenated weights (the three Linear modules
+    keep their own parameters, so state-dict keys do not change); the outputs are strided views."""
+    w = torch.cat([q.weight, k.weight, v.weight])
+    b = torch.cat([q.bias, k.bias, v.bias])
+    return [_heads(y, h) for y in F.linear(x, w, b).chunk(3, -1)]
+
+
 def _merge(x: torch.Tensor) -> torch.Tensor:
     b, h, n, d = x.shape
     return x.transpose(1, 2).reshape(b, n, h * d)
@@ -158,7 +166,7 @@ class AttentionSublayer(nn.Module):
     def forward_joint(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Single-stream path on the concatenation x = [text || vision] with mask [B,1,1,L+R]."""
         sa, out = self.attention_self, self.attention_output
-        q, k, v = _heads(sa.query(x), sa.h), _heads(sa.key(x), sa.h), _heads(sa.value(x), sa.h)
+        q, k, v = _qkv(sa.query, sa.key, sa.value, x, sa.h)
         ctx = _attend(q, k, v, mask, self.p_text if self.training else 0.0)
         return out.LayerNorm(out.dropout(out.dense(_merge(ctx))) + x)
 
@@ -168,23 +176,23 @@ class AttentionSublayer(nn.Module):
             y = self.forward_joint(torch.cat([t, v], 1), torch.cat([mt, mv], -1))
             return y[:, :L], y[:, L:]
         s, sa, out = self.spec, self.attention_self, self.attention_output
-        kt = vt_ = kv = vv_ = None
-        if sa.has_text and t is not None:
-            kt, vt_ = _heads(sa.key(t), sa.h), _heads(sa.value(t), sa.h)
-        if sa.has_vision and v is not None:
-            kv, vv_ = _heads(sa.v_key(v), sa.hv), _heads(sa.v_value(v), sa.hv)
         # A modality passed as None is not computed (pair-independent prefix, see VLEncoder.forward_prefix).
         has_text, has_vision = sa.has_text and t is not None, sa.has_vision and v is not None
+        qt = kt = vt_ = qv = kv = vv_ = None
+        if has_text:
+            qt, kt, vt_ = _qkv(sa.query, sa.key, sa.value, t, sa.h)
+        if has_vision:
+            qv, kv, vv_ = _qkv(sa.v_query, sa.v_key, sa.v_value, v, sa.hv)
         t_new, v_new = t, v
         if has_text:
             keys = [(kt, vt_, mt)] if s.tt else []
             keys += [(kv, vv_, mv)] if s.tv else []
-            ctx = self._attend_keys(_heads(sa.query(t), sa.h), keys, self.p_text)
+            ctx = self._attend_keys(qt, keys, self.p_text)
             t_new = out.LayerNorm(out.dropout(out.dense(ctx)) + t)
         if has_vision:
             keys = [(kt, vt_, mt)] if s.vt else []
             keys += [(kv, vv_, mv)] if s.vv else []
-            ctx = self._attend_keys(_heads(sa.v_query(v), sa.hv), keys, self.p_vision)
+            ctx = self._attend_keys(qv, keys, self.p_vision)
             v_new = out.v_LayerNorm(out.v_dropout(out.v_dense(ctx)) + v)
         return t_new, v_new
 
