@@ -10,8 +10,8 @@ import shutil
 import pytest
 import torch
 
-from tests.tiny import IGLUE_TASKS, tiny_batch, tiny_config
-from volta_ml.engine.train_flags import build_parser
+from helpers_tiny import IGLUE_TASKS, tiny_batch, tiny_config
+from volta_ml.cli.train_flags import build_parser
 from volta_ml.models import build_model, load_config
 
 SUBLAYER_KEYS = ("tt_attn_sublayers", "tv_attn_sublayers", "vt_attn_sublayers", "vv_attn_sublayers",

@@ -23,7 +23,7 @@ from pathlib import Path
 from volta_ml.atomic import atomic_write_json
 from volta_ml.data.annotations import read_json
 from volta_ml.engine.distributed import init_distributed, shutdown
-from volta_ml.engine.retrieval import file_digest
+from volta_ml.digest import file_digest
 from volta_ml.protocols.iglue import TASKS
 
 from .data import image_refs, read_task
