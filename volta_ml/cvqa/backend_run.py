@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from volta_ml.atomic import atomic_write_json
+from volta_ml.options import complete_options
 
 from .backends import build_scorer
 from .chunks import ChunkStore
@@ -44,13 +45,8 @@ def run_backend(args_dict: dict) -> str | None:
     from volta_ml.engine.distributed import init_distributed, shutdown
     from volta_ml.features.images import DEFAULT_MAX_PIXELS
 
-    unknown = set(args_dict) - set(DEFAULTS) - set(REQUIRED)
-    if unknown:
-        raise KeyError(f"run_backend: unknown argument(s) {sorted(unknown)}; known: {sorted(DEFAULTS) + list(REQUIRED)}")
-    missing = [k for k in REQUIRED if not args_dict.get(k)]
-    if missing:
-        raise KeyError(f"run_backend: missing required argument(s) {missing}")
-    args = {**DEFAULTS, **args_dict, "max_pixels": args_dict.get("max_pixels") or DEFAULT_MAX_PIXELS}
+    args = complete_options("run_backend", args_dict, DEFAULTS, REQUIRED)
+    args["max_pixels"] = args_dict.get("max_pixels") or DEFAULT_MAX_PIXELS
     for condition in args["conditions"]:
         parse_condition(condition)
     for key in ("batch_size", "chunk_size"):

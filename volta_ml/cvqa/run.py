@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from volta_ml.atomic import atomic_open, atomic_write_json
+from volta_ml.options import complete_options
 
 from .zoo import MatchingScorer, score_condition
 from .data import HIDDEN_LABEL, CVQADataset, load_cvqa
@@ -48,13 +49,7 @@ def run_cvqa(args_dict: dict) -> str:
     from volta_ml.engine.run_setup import load_model, model_setup
     from volta_ml.tasks.regions import open_region_view
 
-    unknown = set(args_dict) - set(DEFAULTS) - set(REQUIRED)
-    if unknown:
-        raise KeyError(f"run_cvqa: unknown argument(s) {sorted(unknown)}; known: {sorted(DEFAULTS) + list(REQUIRED)}")
-    missing = [k for k in REQUIRED if not args_dict.get(k)]
-    if missing:
-        raise KeyError(f"run_cvqa: missing required argument(s) {missing}")
-    args = {**DEFAULTS, **args_dict}
+    args = complete_options("run_cvqa", args_dict, DEFAULTS, REQUIRED)
     for condition in args["conditions"]:
         parse_condition(condition)
     out_dir = Path(args["output_dir"])

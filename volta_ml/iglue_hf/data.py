@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from volta_ml.data.annotations import AnnotationError, read_json, read_jsonl, require
+from volta_ml.data.annotations import AnnotationError, read_jsonl, require
 from volta_ml.tasks import visual_entailment
-from volta_ml.tasks.retrieval import _key_candidates, _row_captions
+from volta_ml.tasks.gqa import read_question_dict
+from volta_ml.tasks.retrieval import key_candidates, row_captions
 
 from .images import ImageRef
 
@@ -43,17 +44,9 @@ def read_xvnli(path: str, lang: str) -> list[Example]:
 
 
 def read_xgqa(path: str, lang: str) -> list[Example]:
-    data = read_json(path, "GQA question file")
-    if not isinstance(data, dict):
-        raise AnnotationError(f"{path}: expected a GQA question dict (questionId -> question), got a "
-                              f"{type(data).__name__}")
-    out = []
-    for position, (key, row) in enumerate(data.items(), start=1):
-        if not isinstance(row, dict) or not {"question", "imageId", "answer"} <= set(row):
-            raise AnnotationError(f"{path}: question {key!r} (entry {position}) lacks question, imageId or answer")
-        out.append(Example(str(key), (ImageRef(str(row["imageId"]), lang=lang),), str(row["question"]),
-                           str(row["answer"]), position))
-    return out
+    return [Example(str(key), (ImageRef(str(row["imageId"]), lang=lang),), str(row["question"]), str(row["answer"]),
+                    position)
+            for position, key, row in read_question_dict(path, ("question", "imageId", "answer"))]
 
 
 def read_marvl(path: str, lang: str) -> list[Example]:
@@ -75,8 +68,8 @@ def read_retrieval(path: str, lang: str) -> RetrievalData:
     """xFlickr&CO (`sentences`, `img_path`/`id`) or WIT (`caption_reference_description`, `wit_ix`)."""
     data, index = RetrievalData([], []), {}
     for line_no, row in read_jsonl(path):
-        texts = _row_captions(row, path, line_no)
-        key = _key_candidates(row)[0]
+        texts = row_captions(row, path, line_no)
+        key = key_candidates(row)[0]
         if key not in index:
             index[key] = len(data.images)
             stem = key.split(".")[0] if "wit_ix" not in row else key

@@ -23,6 +23,7 @@ from pathlib import Path
 from volta_ml.atomic import atomic_write_json
 from volta_ml.data.annotations import read_json
 from volta_ml.engine.distributed import init_distributed, shutdown
+from volta_ml.options import complete_options
 from volta_ml.digest import file_digest
 from volta_ml.protocols.iglue import TASKS
 
@@ -66,13 +67,7 @@ def load_backend(kind: str, model: str, options: dict):
 def run_iglue_hf(options: dict, backend=None) -> dict | None:
     """Evaluate and write the result files; returns the results on rank 0 (None elsewhere). `backend` skips
     loading (tests, benchmarks); otherwise `volta_ml.hf.load_backend(backend kind, ModelSpec(model, ...))`."""
-    unknown = set(options) - set(DEFAULTS) - set(REQUIRED)
-    if unknown:
-        raise KeyError(f"run_iglue_hf: unknown option(s) {sorted(unknown)}")
-    missing = [k for k in REQUIRED if not options.get(k)]
-    if missing:
-        raise KeyError(f"run_iglue_hf: missing option(s) {missing}")
-    opts = {**DEFAULTS, **options}
+    opts = complete_options("run_iglue_hf", options, DEFAULTS, REQUIRED)
     task, lang, protocol = opts["task"], opts["lang"], opts["protocol"]
     if task not in TASKS:
         raise KeyError(f"unknown task {task!r}; known: {', '.join(TASKS)}")

@@ -36,20 +36,27 @@ def load_vocabulary(dataroot: str) -> tuple[dict[str, int], list[str]]:
     return ans2label, label2ans
 
 
-def _from_question_json(path: str, ans2label: dict) -> list[dict]:
+def read_question_dict(path: str, needed=("question", "imageId")):
+    """GQA's question file (`questionId -> {question, imageId, answer, ...}`): yields (position from 1, key, row),
+    each row checked for the `needed` fields."""
     data = read_json(path, "GQA question file")
     if not isinstance(data, dict):
         raise AnnotationError(f"{path}: expected a GQA question dict (questionId -> question), got a "
                               f"{type(data).__name__}")
+    for position, (key, row) in enumerate(data.items(), start=1):
+        if not isinstance(row, dict) or not set(needed) <= set(row):
+            raise AnnotationError(f"{path}: question {key!r} (entry {position}) lacks "
+                                  f"{' or '.join(repr(n) for n in needed)}")
+        yield position, key, row
+
+
+def _from_question_json(path: str, ans2label: dict) -> list[dict]:
     records = []
-    for position, (key, row) in enumerate(data.items()):
-        where = f"{path}: question {key!r} (entry {position + 1})"
-        if not isinstance(row, dict) or "question" not in row or "imageId" not in row:
-            raise AnnotationError(f"{where} lacks 'question' or 'imageId'")
+    for position, key, row in read_question_dict(path):
         answer = row.get("answer")
         labels = [ans2label[answer]] if answer in ans2label else []
         records.append({"question_id": int(key), "image_id": str(row["imageId"]), "text": row["question"],
-                        "labels": labels, "scores": [1.0] * len(labels), "line": position + 1})
+                        "labels": labels, "scores": [1.0] * len(labels), "line": position})
     return records
 
 

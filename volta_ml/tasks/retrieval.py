@@ -35,7 +35,7 @@ from volta_ml.tasks.serialized import is_serialized, wit_image_ids
 NUM_OPTIONS = 4
 
 
-def _key_candidates(row: dict) -> list[str]:
+def key_candidates(row: dict) -> list[str]:
     if "wit_ix" in row:
         return [str(row["wit_ix"])]
     img_path = str(row.get("img_path") or row.get("id"))
@@ -50,7 +50,7 @@ def _key_candidates(row: dict) -> list[str]:
     return candidates
 
 
-def _row_captions(row: dict, path, line_no) -> list[str]:
+def row_captions(row: dict, path, line_no) -> list[str]:
     if "sentences" in row:
         return [str(s) for s in row["sentences"]]
     if "caption_reference_description" in row:
@@ -63,8 +63,8 @@ def read_captions(path: str, region_view) -> tuple[list[str], list[dict]]:
     """Unique image keys in file order and every caption `{text, image, line}` in file order."""
     images, image_index, captions, missing = [], {}, [], []
     for line_no, row in read_jsonl(path):
-        texts = _row_captions(row, path, line_no)
-        candidates = _key_candidates(row)
+        texts = row_captions(row, path, line_no)
+        candidates = key_candidates(row)
         key = next((c for c in candidates if has_image(region_view, c)), None)
         if key is None:
             missing.append((candidates[0], line_no))
@@ -84,7 +84,7 @@ def read_wit_serialized(path: str, region_view) -> tuple[list[str], list[dict]]:
     caption_of = {}
     for line_no, row in read_jsonl(path):
         if "wit_ix" in row:
-            caption_of[str(row["wit_ix"])] = (_row_captions(row, path, line_no)[0], line_no)
+            caption_of[str(row["wit_ix"])] = (row_captions(row, path, line_no)[0], line_no)
     images = list(dict.fromkeys(wit_image_ids(region_view)))
     missing = [i for i in images if i not in caption_of]
     if missing:
