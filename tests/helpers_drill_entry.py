@@ -67,8 +67,9 @@ def main() -> None:
     if fault != "none" and _fault_here():
         import volta_ml.models
         import volta_ml.tasks
-        if fault == "forward":
-            volta_ml.models.build_model = _wrap_model(volta_ml.models.build_model)
+        if fault == "forward":  # the factory's global, which from_pretrained (the run setup's loader) calls
+            import volta_ml.models.factory as factory
+            factory.build_model = volta_ml.models.build_model = _wrap_model(factory.build_model)
         else:
             family_for = volta_ml.tasks.family_for
 

@@ -165,7 +165,6 @@ def print_report(scores: np.ndarray, caption_image: np.ndarray, args) -> dict:
 def run_eval_retrieval(args) -> dict | None:
     from volta_ml.cli.eval_task import write_json
     from volta_ml.engine.distributed import abort, barrier, init_distributed, shutdown
-    from volta_ml.engine.preflight import check_text_fits
     from volta_ml.engine.retrieval import compute_score_matrix, save_array
     from volta_ml.engine.run_setup import task_setup
     from volta_ml.tasks.common import TextSource
@@ -191,7 +190,6 @@ def run_eval_retrieval(args) -> dict | None:
         caption_image = np.array([c["image"] for c in captions], dtype=np.int64)
         gallery = gallery_tensors(view, images, progress=info.is_main)
         model = load_scoring_model(args, setup, info.device)
-        check_text_fits(model, entry.get("max_seq_length", 80), args.config_file, task_id)
         if not args.pair_batch:
             args.pair_batch = 1024 if info.device.type == "cuda" else 256
         precision = args.precision or ("fp32" if not args.amp else "fp16" if info.device.type == "cuda" else "bf16")

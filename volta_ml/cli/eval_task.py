@@ -24,7 +24,6 @@ from volta_ml.devices import pick_device
 from volta_ml.engine.evaluate import EvalResult, amp_precision, evaluate
 from volta_ml.engine.failures import fail
 from volta_ml.engine.logs import attach_stderr_handler
-from volta_ml.engine.preflight import check_text_fits
 from volta_ml.engine.run_setup import task_setup
 from volta_ml.tasks.config import entry_path
 
@@ -70,7 +69,6 @@ def run_eval(args) -> EvalResult:
     model, _ = setup.load_model(args.from_pretrained, log=logger)
     device = pick_device(args.device)
     model.to(device)
-    check_text_fits(model, entry.get("max_seq_length"), args.config_file, task_id)
     batch_size = int(entry.get("eval_batch_size") or args.batch_size)  # the config wins, as in VOLTA
     num_iters = (len(dataset) + batch_size - 1) // batch_size
     print("***** Running evaluation *****")

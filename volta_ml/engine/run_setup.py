@@ -9,13 +9,15 @@ token type; volta-ml does it in every entry point, so one set of flags always bu
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
 
 from volta_ml.data import TokenCache, default_cache_dir, load_tokenizer
 from volta_ml.data.text import VOLTA_DEFAULT_TOKENIZER
-from volta_ml.models import LoadReport, VLConfig, from_pretrained, load_config
+from volta_ml.engine.preflight import check_text_fits
+from volta_ml.models import LoadReport, VLConfig, build_model, load_checkpoint, load_config
 from volta_ml.tasks import TaskFamily, family_for
 from volta_ml.tasks.config import PathResolver, get_task_entry, load_task_config
 from volta_ml.tasks.regions import open_region_view
@@ -41,6 +43,7 @@ class TaskSetup:
     family: TaskFamily        # the task family module (volta_ml.tasks.FAMILIES)
     model: ModelSetup
     token_cache: TokenCache
+    config_file: str = ""     # --config_file, named in errors
 
     def region_view(self, features_path: str):
         return open_region_view(features_path, self.model.config, self.entry)
@@ -48,8 +51,10 @@ class TaskSetup:
     def load_model(self, checkpoint: str, *, kind: str = "tasks", head_expected: bool = True,
                    log: logging.Logger = logger) -> tuple:
         task_config, task_ids = (self.task_config, [self.task_id]) if kind == "tasks" else (None, None)
+        fits = functools.partial(check_text_fits, max_seq_length=self.entry.get("max_seq_length", 80),
+                                 config_file=self.config_file, task=self.task_id)
         return load_model(self.model.config, checkpoint, task_config, task_ids, kind=kind,
-                          head_expected=head_expected, log=log)
+                          head_expected=head_expected, log=log, check=fits)
 
 
 def resolve_tokenizer_args(bert_model: str | None, do_lower_case: bool | None, config) -> tuple[str, bool]:
@@ -85,20 +90,27 @@ def task_setup(args) -> TaskSetup:
     family = family_for(entry)
     model = model_setup(args.config_file, bert_model=args.bert_model, do_lower_case=args.do_lower_case,
                         is_m3p=args.is_m3p, fusion_method=entry.get("fusion_method"))
-    return TaskSetup(task_config, task_id, entry, family, model, token_cache(args))
+    return TaskSetup(task_config, task_id, entry, family, model, token_cache(args), str(args.config_file))
 
 
 def load_model(config: VLConfig, checkpoint: str, task_config: dict | None = None, task_ids=None,
-               kind: str = "tasks", head_expected: bool = True, log: logging.Logger = logger) -> tuple:
+               kind: str = "tasks", head_expected: bool = True, log: logging.Logger = logger,
+               check=None) -> tuple:
     """(model in eval mode, LoadReport): `volta_ml.models.from_pretrained` (VOLTA's: tensors missing from the
     checkpoint keep their initialisation) with the missing and unused tensors logged.
 
     `head_expected`: evaluation needs the task heads from the checkpoint, so a missing one is a warning;
-    fine-tuning starts new heads (logged at info level)."""
+    fine-tuning starts new heads (logged at info level). `check(model)` runs on the built model before the
+    checkpoint is read (`preflight.check_text_fits`: a too-short position table is a usage error naming the
+    config, not a shape mismatch in the checkpoint or an IndexError in the first forward)."""
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"--from_pretrained {checkpoint}: checkpoint not found (volta-ml never "
                                 f"downloads weights)")
-    model, report = from_pretrained(checkpoint, config, task_config, task_ids, kind=kind)
+    model = build_model(config, task_config, task_ids, kind)
+    if check is not None:
+        check(model)
+    report = load_checkpoint(model, checkpoint)
+    model.eval()
     _log_report(report, checkpoint, task_ids or [], head_expected, log)
     return model, report
 

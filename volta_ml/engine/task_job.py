@@ -11,7 +11,6 @@ import logging
 from pathlib import Path
 
 from volta_ml.engine.distributed import DistInfo, barrier
-from volta_ml.engine.preflight import check_text_fits
 from volta_ml.engine.run_setup import task_setup
 from volta_ml.engine.train import TrainJob
 
@@ -81,7 +80,6 @@ def build_task_job(args, info: DistInfo) -> TrainJob:
 
     # as VOLTA: tensors missing from the checkpoint are only logged; a new task head is expected to be missing
     model, report = setup.load_model(args.from_pretrained, head_expected=False, log=logger)
-    check_text_fits(model, entry.get("max_seq_length"), args.config_file, setup.task_id)
     missing = list(report.missing_keys)
     task_id = setup.task_id
     bert_model, do_lower_case = setup.model.bert_model, setup.model.do_lower_case
