@@ -226,7 +226,7 @@ def _lm_config(kind: str, tok) -> dict:
     common = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     if kind == "opt":
         return dict(model_type="opt", hidden_size=HIDDEN, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
-                    word_embed_proj_dim=HIDDEN, max_position_embeddings=128, bos_token_id=tok.bos_token_id, **common)
+                    word_embed_proj_dim=HIDDEN, max_position_embeddings=512, bos_token_id=tok.bos_token_id, **common)
     if kind == "bloom":
         return dict(model_type="bloom", hidden_size=HIDDEN, n_layer=2, n_head=4, bos_token_id=tok.bos_token_id,
                     **common)
@@ -255,7 +255,7 @@ def _build_blip(out: Path, lm: str, instruct: bool, seed: int) -> Path:
     proc = _blip_processor(tok, instruct)        # adds the <image> token to `tok`
     image_id = tok.convert_tokens_to_ids("<image>")
     qformer = dict(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                   encoder_hidden_size=HIDDEN, cross_attention_frequency=1, max_position_embeddings=64,
+                   encoder_hidden_size=HIDDEN, cross_attention_frequency=1, max_position_embeddings=512,
                    vocab_size=len(proc.qformer_tokenizer) if instruct else 30)
     cls, mcls = (InstructBlipConfig, InstructBlipForConditionalGeneration) if instruct else \
         (Blip2Config, Blip2ForConditionalGeneration)

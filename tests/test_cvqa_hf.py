@@ -163,11 +163,11 @@ def Image_blank():
     return blank_image()
 
 
-# The tiny models have short position tables (BLIP's OPT 128, its Q-Former 64), so they get the English prompts.
 @pytest.mark.parametrize("name, rule, conditions", [
     ("llava", "letter", CONDITIONS), ("llava", "open", ["en-aware"]),                  # decoder-only, chat template
     ("blip2-t5", "letter", ["en-aware"]), ("blip2-t5", "open", ["en-aware"]),        # encoder-decoder
-    ("blip2-opt", "open", ["en-agnostic"]), ("instructblip-t5", "open", ["en-aware"]),
+    ("blip2-opt", "letter", ["loc-aware"]), ("blip2-opt", "open", ["en-agnostic"]),  # decoder-only, no template
+    ("instructblip-t5", "letter", ["loc-agnostic"]), ("instructblip-t5", "open", ["en-aware"]),
 ])
 def test_generative_rules_equal_one_question_at_a_time(root, release, name, rule, conditions):
     path = build(name, root / "models")
