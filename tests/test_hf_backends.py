@@ -151,6 +151,17 @@ def test_blind_control_in_a_mixed_batch(name, root):
         assert "<image>" not in b.render(PROMPTS[1], 0)
 
 
+@pytest.mark.parametrize("name", ["llava", "blip2-opt"])
+@torch.inference_mode()
+def test_image_after_a_blind_first_item_is_kept(name, root):
+    """The batch's first item has no image: the second item's image must still reach the model."""
+    b = backend(name, root)
+    image = images(1)[0]
+    got = b.choice_logits([[None], [image]], PROMPTS[:2], LETTERS)
+    ref = ref_next_logits(b, [image], PROMPTS[1])
+    assert torch.allclose(got[1], torch.stack([ref[letter_ids(b.tokenizer, c)].max() for c in LETTERS]), atol=TOL)
+
+
 def test_render_uses_chat_template_or_documented_fallback(root):
     llava = backend("llava", root)
     assert llava.prompt_format == "chat_template"

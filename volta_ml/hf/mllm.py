@@ -131,7 +131,7 @@ class GenerativeBackend:
             qpad = self.processor.qformer_tokenizer.pad_token_id
             batch["qformer_input_ids"] = _pad([it["qformer_input_ids"] for it in items], qpad, False)
             batch["qformer_attention_mask"] = _pad([it["qformer_attention_mask"] for it in items], 0, False)
-        for key in items[0]:
+        for key in dict.fromkeys(k for it in items for k in it):   # every item's keys: the first may be blind
             if key not in batch:
                 parts = [it[key] for it in items if key in it]
                 if parts:
