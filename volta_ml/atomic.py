@@ -5,6 +5,7 @@ Used by every stage that writes results, caches or checkpoints; it imports nothi
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -24,6 +25,10 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# errors of the disk, not of the program (also raised while a block is still writing)
+DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG}
 
 
 class WriteError(OSError):
@@ -58,17 +63,21 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None 
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as error:
         raise WriteError(path, error) from error
+    written = False  # past the caller's block: any OSError now is a failure to write `path`
     try:
         text = "b" not in mode
         with os.fdopen(fd, mode, encoding=encoding if text else None, newline=newline if text else None) as handle:
             yield handle
+            written = True
             handle.flush()
             if durable:
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(error, OSError) and not isinstance(error, WriteError) and error.errno is not None:
+        # inside the block only a disk error is about `path` (reading a missing input there is not)
+        if (isinstance(error, OSError) and not isinstance(error, WriteError) and error.errno is not None
+                and (written or error.errno in DISK_ERRNOS)):
             raise WriteError(path, error) from error
         raise
     if durable:

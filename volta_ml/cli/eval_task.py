@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from volta_ml.atomic import atomic_write_json
-from volta_ml.cli.flags import VoltaArgumentParser, add_eval_task_flags
+from volta_ml.cli.flags import VoltaArgumentParser, add_eval_task_flags, eval_task_parser
 from volta_ml.devices import pick_device
 from volta_ml.engine.evaluate import EvalResult, amp_precision, evaluate
 from volta_ml.engine.failures import fail
@@ -57,6 +57,7 @@ def run_eval(args) -> EvalResult:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
+    device = pick_device(args.device)  # a bad --device fails before any data or model is read
     setup = task_setup(args)
     entry, family, task_id = setup.entry, setup.family, setup.task_id
     split = args.split or entry.get("val_split") or "test"
@@ -67,7 +68,6 @@ def run_eval(args) -> EvalResult:
                                    token_cache=setup.token_cache, seed=args.seed)
 
     model, _ = setup.load_model(args.from_pretrained, log=logger)
-    device = pick_device(args.device)
     model.to(device)
     batch_size = int(entry.get("eval_batch_size") or args.batch_size)  # the config wins, as in VOLTA
     num_iters = (len(dataset) + batch_size - 1) // batch_size
@@ -115,6 +115,4 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = VoltaArgumentParser(prog="eval_task.py", description="Evaluate a fine-tuned model on a VOLTA task.")
-    add_eval_task_flags(parser)
-    return run_checked(parser.parse_args(argv), "eval_task.py")
+    return run_checked(eval_task_parser().parse_args(argv), "eval_task.py")

@@ -9,7 +9,6 @@ and prints the cause as the last stderr line, `<prog>: error: <cause>`. The exit
 """
 from __future__ import annotations
 
-import errno
 import gc
 import multiprocessing
 import re
@@ -29,8 +28,7 @@ EXIT_CODES = {
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
     "128+N": "stopped by signal N after saving the resume file (143 for SIGTERM, 138 for SIGUSR1)",
 }
-# errors of the disk, not of the program: reported without a traceback, as exit code 4
-DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG}
+# errors of the disk, not of the program (volta_ml.atomic.DISK_ERRNOS): no traceback, exit code 4
 
 
 # Errors caused by inputs (files, flags, configs), by module: reported as one line, exit code 2
@@ -85,7 +83,7 @@ def describe(error: BaseException) -> tuple[int, str]:
     if isinstance(error, user_errors()):
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         return EXIT_USAGE, " ".join(line.strip() for line in str(message).splitlines() if line.strip())
-    from volta_ml.atomic import WriteError
+    from volta_ml.atomic import DISK_ERRNOS, WriteError
     if isinstance(error, WriteError) or (isinstance(error, OSError) and error.errno in DISK_ERRNOS):
         return EXIT_WRITE, str(error)
     if isinstance(error, (PermissionError, NotADirectoryError, IsADirectoryError, FileExistsError)):
