@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from PIL import Image
 
 from .base import ModelSpec
@@ -56,7 +57,10 @@ def read_config(spec: ModelSpec) -> dict:
         file = cached_file(source(spec), "config.json", revision=spec.revision)
     except OSError as e:
         raise ModelLoadError(f"{spec.model}: cannot read config.json ({str(e).splitlines()[0]})") from None
-    return json.loads(Path(file).read_text())
+    try:
+        return json.loads(Path(file).read_text())
+    except ValueError as e:
+        raise ModelLoadError(f"{spec.model}: {file} is not valid JSON ({e})") from None
 
 
 def _one_line(e: BaseException) -> str:
@@ -74,7 +78,7 @@ def load_model(auto_cls, spec: ModelSpec, what: str, **kwargs):
         model = auto_cls.from_pretrained(src, **kwargs)
     except (ValueError, KeyError) as e:
         raise ModelLoadError(f"{spec.model}: unknown or unsupported architecture for {what} ({_one_line(e)})") from None
-    except OSError as e:
+    except (OSError, SafetensorError) as e:   # SafetensorError: a truncated or damaged weights file
         raise ModelLoadError(f"{spec.model}: cannot load {what} ({_one_line(e)})") from None
     if not spec.device_map:
         model = model.to(spec.device)
