@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from volta_ml.atomic import atomic_write_json
-from volta_ml.data.annotations import read_json
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.options import complete_options
 from volta_ml.digest import file_digest
@@ -141,6 +140,7 @@ def _model_name(model: str) -> str:
 def _gqa_vocabulary(data_root: str | None) -> list[str]:
     if not data_root:
         raise KeyError("--rule closed needs the GQA answer vocabulary: give --data_root (gqa/annotations/"
-                       "trainval_label2ans.json) or --vocabulary")
-    return list(read_json(Path(data_root) / "gqa" / "annotations" / "trainval_label2ans.json",
-                          "GQA answer vocabulary"))
+                       "trainval_label2ans.json)")
+    from volta_ml.tasks.gqa import load_vocabulary
+
+    return load_vocabulary(str(Path(data_root) / "gqa" / "annotations"))[1]

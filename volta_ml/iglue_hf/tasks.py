@@ -92,7 +92,7 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
             row["generated"] = raw
     write_predictions(out_dir / "predictions.jsonl", rows)
     log_score(task, score)
-    n_images = len(example_images(examples[0], source, layout))
+    n_images = 1 if layout == "canvas" else len(examples[0].images)   # a MaRVL canvas is one image
     return {"metrics": {"score": score}, "n_examples": len(examples), "rule_description": rule.describe,
             "marvl_layout": layout, "first_prompt": prompts[0],
             "first_prompt_rendered": backend.render(prompts[0], n_images),
