@@ -11,8 +11,9 @@ samples/s with 0 and N DataLoader workers (best of --repeat interleaved rounds):
                               ImageFeaturesH5Reader.__getitem__ written from the spec) followed by
                               the padding VOLTA's datasets do (spec pipeline.md "Padding of regions":
                               float64 zero arrays, copy, torch.tensor(...).float(), list mask)
-  RegionView[id]              volta-ml's per-sample inputs, fresh tensors per sample (what the
-                              task datasets call through tasks/common.region_arrays)
+  RegionView[id]              volta-ml's per-sample inputs, fresh tensors per sample
+  region_arrays (datasets)    what every task dataset's __getitem__ calls (tasks/common.region_arrays:
+                              RegionView.arrays, fresh numpy arrays in VOLTA's key names)
   RegionView.read_into        the same written into one reused padded buffer
   read_into batch slots       the same written into slot i % B of a reused [B, R, F] batch (what
                               RegionView.read_batch does; pinned memory when CUDA is available)
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_features as bf  # noqa: E402
 
 from volta_ml.features import RegionView, open_store  # noqa: E402
+from volta_ml.tasks.common import region_arrays  # noqa: E402
 
 
 class VoltaSamples:
@@ -66,18 +68,31 @@ class IntoReader:
     """RegionView.read_into one reused padded buffer (numpy arrays, as a batch builder holds them)."""
 
     def __init__(self, view, slots=1, pin=False):
-        self.view, self.slots, self.pin, self.count, self.buf = view, slots, pin, 0, None
+        self.view, self.slots, self.pin, self.count, self.buf, self.slot_arrays = view, slots, pin, 0, None, None
 
     def __getitem__(self, image_id):
         if self.buf is None:  # allocated in the process that reads (DataLoader workers included)
             self.buf = self.view.batch_buffer(self.slots, pin_memory=self.pin)
+            arrays = [t.numpy() for t in self.buf[:3]]
+            self.slot_arrays = [tuple(a[slot] for a in arrays) for slot in range(self.slots)]
         slot = self.count % self.slots
         self.count += 1
-        self.view.read_into(image_id, *(t[slot].numpy() for t in self.buf[:3]))
-        return self.buf.features[slot]
+        arrays = self.slot_arrays[slot]
+        self.view.read_into(image_id, *arrays)
+        return arrays[0]
 
     def __getstate__(self):
-        return {**self.__dict__, "buf": None, "count": 0}
+        return {**self.__dict__, "buf": None, "slot_arrays": None, "count": 0}
+
+
+class DatasetPath:
+    """tasks/common.region_arrays: the per-sample region inputs exactly as a task dataset builds them."""
+
+    def __init__(self, view):
+        self.view = view
+
+    def __getitem__(self, image_id):
+        return region_arrays(self.view, image_id)["input_imgs"]
 
 
 class Collated:
@@ -101,6 +116,8 @@ class Collated:
 
 def _checksum(out):  # one value of the padded features: the sample is built, IPC not measured
     features = out if hasattr(out, "shape") else out[0]
+    if isinstance(features, torch.Tensor):  # tensor indexing costs more than the numpy view's
+        features = features.numpy()
     return float(features[(0,) * (features.ndim - 1) + (1,)])
 
 
@@ -110,7 +127,8 @@ def make_readers(native, volta, args):
     volta_samples = VoltaSamples(bf.VoltaSchemeReader(volta, args.dim, args.num_locs,
                                                       args.add_global_imgfeat),
                                  args.boxes, args.num_locs, args.add_global_imgfeat, args.dim)
-    readers = {"VOLTA reader* + padding": volta_samples, "RegionView[id]": view}
+    readers = {"VOLTA reader* + padding": volta_samples, "RegionView[id]": view,
+               "region_arrays (task datasets)": DatasetPath(view)}
     if hasattr(view, "read_into"):
         readers["RegionView.read_into (reused buffer)"] = IntoReader(view)
         readers[f"read_into batch slots ({args.batch_size})"] = IntoReader(
@@ -122,6 +140,7 @@ def make_readers(native, volta, args):
 
 
 RATIOS = [("RegionView[id] / VOLTA", "RegionView[id]", "VOLTA reader* + padding"),
+          ("region_arrays / VOLTA", "region_arrays (task datasets)", "VOLTA reader* + padding"),
           ("read_into / VOLTA", "RegionView.read_into (reused buffer)", "VOLTA reader* + padding")]
 
 

@@ -47,11 +47,13 @@ def test_per_sample_benchmark_runs_every_path(tmp_path, capsys):
     import bench_samples
     table = bench_samples.main(["--images", "40", "--boxes", "4", "--dim", "16", "--repeat", "1",
                                 "--workers", "0", "--batch-size", "8", "--workdir", str(tmp_path / "w")])
-    assert set(table) == {"VOLTA reader* + padding", "RegionView[id]", "RegionView.read_into (reused buffer)",
+    assert set(table) == {"VOLTA reader* + padding", "RegionView[id]", "region_arrays (task datasets)",
+                          "RegionView.read_into (reused buffer)",
                           "read_into batch slots (8)", "VOLTA reader* + padding + collate (8)",
                           "RegionView[id] + collate (8)"}
     assert all(row[0] > 0 for row in table.values())
-    assert "read_into / VOLTA" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "read_into / VOLTA" in out and "region_arrays / VOLTA" in out
     assert not (tmp_path / "w").exists()
 
 

@@ -1,5 +1,6 @@
-"""The padded-buffer reader (RegionView.read_into into a reused dirty buffer, read_batch, and
-RegionView[id] through the native store's region_parts) gives exactly VOLTA's reader + dataset
+"""The padded-buffer reader (RegionView.read_into into a reused dirty buffer, read_batch,
+RegionView[id] through the native store's region_parts, and RegionView.arrays / region_arrays as the
+task datasets call them) gives exactly VOLTA's reader + dataset
 padding, for all 18 num_locs / global feature / norm_embeddings combinations, on every read path:
 native float32 (copy from the zero-copy map), native float16 (cast copy), native without the
 zero-copy map (copy from bytes), H5."""
@@ -15,6 +16,7 @@ from volta_ml.features import lmdb_values
 from volta_ml.features.base import release_shared_env
 from volta_ml.features.convert import convert_store
 from volta_ml.features.records import FeatureDimError
+from volta_ml.tasks.common import region_arrays
 from volta_ml.testing import legacy_layouts as L
 
 MAX_REGIONS = 8  # images hold 3-12 boxes: some are padded, some truncated
@@ -59,11 +61,15 @@ def test_every_read_path_equals_volta(stores, kind, num_locs, add_global, norm):
         ref = _expected(img, num_locs, add_global, norm, kind == "native-f16")
         sample = view[image_id]
         num_boxes = view.read_into(image_id, *buffer)
+        *arrays, arrays_boxes = view.arrays(image_id)  # what the task datasets read (region_arrays)
+        dataset = region_arrays(view, image_id)
         for got in (sample[:3], [torch.from_numpy(b) for b in buffer],
-                    [batch.features[slot], batch.image_loc[slot], batch.image_mask[slot]]):
+                    [batch.features[slot], batch.image_loc[slot], batch.image_mask[slot]],
+                    [torch.from_numpy(a) for a in arrays],
+                    [torch.from_numpy(dataset[k]) for k in ("input_imgs", "image_loc", "image_attention_mask")]):
             for a, b in zip(got, ref):
                 assert a.dtype == b.dtype and torch.equal(a, b), image_id
-        assert num_boxes == sample.num_boxes == int(ref[2].sum()) == int(batch.num_boxes[slot])
+        assert num_boxes == sample.num_boxes == arrays_boxes == int(ref[2].sum()) == int(batch.num_boxes[slot])
 
 
 def test_without_the_zero_copy_map_the_copy_path_gives_the_same(stores, monkeypatch):

@@ -25,6 +25,7 @@ import numpy as np
 from .records import FeatureDimError, RecordParts
 
 _GLOBAL_MODES = (None, "first", "last")
+_F32, _I64 = np.dtype(np.float32), np.dtype(np.int64)
 
 
 class RegionSample(NamedTuple):
@@ -56,12 +57,14 @@ def _locations_into(loc: np.ndarray, boxes: np.ndarray, image_w, image_h) -> Non
     loc[:, :4] = boxes
     w, h = float(image_w), float(image_h)
     if num_locs >= 5:  # (y2 - y1) * (x2 - x1) / (W * H) on pixel boxes
-        sides = loc[:, 2:4] - loc[:, 0:2]
-        loc[:, -1] = sides[:, 1] * sides[:, 0] / (w * h)
+        area = loc[:, -1]
+        np.subtract(loc[:, 3], loc[:, 1], out=area)
+        area *= loc[:, 2] - loc[:, 0]
+        area /= w * h
     # x / W and y / H as VOLTA's four column divisions compute them (float32 quotients)
     loc[:, :4] /= np.array((w, h, w, h), dtype=np.float32)
     if num_locs > 5:  # normalised width and height
-        loc[:, 4:6] = loc[:, 2:4] - loc[:, 0:2]
+        np.subtract(loc[:, 2:4], loc[:, 0:2], out=loc[:, 4:6])
 
 
 def _l2_normalise_rows(x: np.ndarray) -> np.ndarray:
@@ -79,7 +82,7 @@ def _l2_normalise_rows_inplace(x: np.ndarray) -> None:
 
 
 def _as_array(x) -> np.ndarray:
-    return x.numpy() if hasattr(x, "numpy") and not isinstance(x, np.ndarray) else x
+    return x if isinstance(x, np.ndarray) else x.numpy()
 
 
 class RegionView:
@@ -115,6 +118,7 @@ class RegionView:
         self.norm_embeddings = norm_embeddings
         self.feature_dim = feature_dim
         self.num_rows = max_region_num + (1 if add_global_imgfeat else 0)
+        self._region_parts = getattr(store, "region_parts", None)  # the native store's fast read
 
     def __len__(self) -> int:
         return len(self.store)
@@ -126,9 +130,8 @@ class RegionView:
         return self.store.keys()
 
     def _parts(self, image_id) -> RecordParts:
-        key = str(image_id)
-        region_parts = getattr(self.store, "region_parts", None)  # the native store's fast read
-        parts = region_parts(key) if region_parts is not None else None
+        key = image_id if type(image_id) is str else str(image_id)
+        parts = self._region_parts(key) if self._region_parts is not None else None
         if parts is None:  # another format, or a missing id (store[key] raises the clear error)
             parts = RecordParts.of(self.store[key])
         if self.feature_dim is not None and parts.features.shape[1] != self.feature_dim:
@@ -138,30 +141,42 @@ class RegionView:
         return parts
 
     def __getitem__(self, image_id) -> RegionSample:
+        features, locations, mask, rows = self.arrays(image_id)
+        import torch  # lazy: `volta-ml features inspect` should not pay for importing torch
+        return RegionSample(torch.from_numpy(features), torch.from_numpy(locations),
+                            torch.from_numpy(mask), rows)
+
+    def arrays(self, image_id) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """`view[image_id]` as new numpy arrays (features, image_loc, image_mask, num_boxes), for
+        callers that stack samples themselves (the task datasets)."""
         parts = self._parts(image_id)
         features = np.empty((self.num_rows, parts.features.shape[1]), dtype=np.float32)
         locations = np.empty((self.num_rows, self.num_locs), dtype=np.float32)
         mask = np.empty(self.num_rows, dtype=np.int64)
-        rows = self._fill(parts, features, locations, mask)
-        import torch  # lazy: `volta-ml features inspect` should not pay for importing torch
-        return RegionSample(torch.from_numpy(features), torch.from_numpy(locations),
-                            torch.from_numpy(mask), rows)
+        return features, locations, mask, self._fill(parts, features, locations, mask)
 
     def read_into(self, image_id, features, image_loc, image_mask) -> int:
         """Write the padded sample into `features` float32 [R, F], `image_loc` float32
         [R, num_locs] and `image_mask` int64 [R] (numpy arrays or CPU tensors, C-contiguous,
         e.g. one slot of a reused batch); returns num_boxes.  Every element is written."""
         parts = self._parts(image_id)
-        arrays = [_as_array(features), _as_array(image_loc), _as_array(image_mask)]
+        f, l, m = _as_array(features), _as_array(image_loc), _as_array(image_mask)
+        rows = self.num_rows
+        if not (f.shape == (rows, parts.features.shape[1]) and l.shape == (rows, self.num_locs)
+                and m.shape == (rows,) and f.dtype == _F32 and l.dtype == _F32 and m.dtype == _I64
+                and f.flags.c_contiguous and l.flags.c_contiguous and m.flags.c_contiguous):
+            self._refuse_into(image_id, parts, (f, l, m))
+        return self._fill(parts, f, l, m)
+
+    def _refuse_into(self, image_id, parts, arrays) -> None:
         shapes = [(self.num_rows, parts.features.shape[1]), (self.num_rows, self.num_locs),
                   (self.num_rows,)]
         for name, array, shape, dtype in zip(("features", "image_loc", "image_mask"), arrays,
-                                             shapes, (np.float32, np.float32, np.int64)):
+                                             shapes, (_F32, _F32, _I64)):
             if array.shape != shape or array.dtype != dtype or not array.flags.c_contiguous:
                 raise ValueError(f"read_into({image_id!r}): {name} must be a C-contiguous "
-                                 f"{np.dtype(dtype).name} array of shape {shape}, got "
+                                 f"{dtype.name} array of shape {shape}, got "
                                  f"{array.dtype.name} {tuple(array.shape)}")
-        return self._fill(parts, *arrays)
 
     def batch_buffer(self, size: int, feature_dim: int | None = None,
                      pin_memory: bool = False) -> RegionBatch:
@@ -237,8 +252,10 @@ class RegionView:
             rows += 1
         else:
             g_row = None
-        if g_row is not None:
-            features[g_row] = source.sum(axis=0, dtype=np.float32) / np.float32(n)
+        if g_row is not None:  # the mean as VOLTA's np.sum(features, axis=0) / num_boxes computes it
+            global_row = features[g_row]
+            np.add.reduce(source, axis=0, dtype=np.float32, out=global_row)
+            global_row /= np.float32(n)
             locations[g_row, 2:] = 1.0
         features[rows:] = 0.0
         mask[:rows] = 1

@@ -35,10 +35,7 @@ def check_images(region_view, wanted: list[tuple[str, int]], annotation_path) ->
 
 def region_arrays(region_view, image_id: str, rows: int | None = None) -> dict[str, np.ndarray]:
     """Padded region features of one image in VOLTA's names; `rows` keeps only the first rows (VE quirk)."""
-    sample = region_view[image_id]
-    features = np.asarray(sample.features, dtype=np.float32)
-    image_loc = np.asarray(sample.image_loc, dtype=np.float32)
-    image_mask = np.asarray(sample.image_mask, dtype=np.int64)
+    features, image_loc, image_mask, _ = region_view.arrays(image_id)
     if rows is not None:
         features, image_loc, image_mask = features[:rows], image_loc[:rows], image_mask[:rows]
     return {"input_imgs": features, "image_loc": image_loc, "image_attention_mask": image_mask}
