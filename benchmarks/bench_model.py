@@ -42,6 +42,47 @@ def _batch(config, batch: int, device: str):
     return {k: v.to(device) for k, v in b.items()}, target.to(device)
 
 
+def flops_per_sample(config_source) -> float:
+    """Matmul/attention FLOPs of one sample's forward + backward (torch FlopCounterMode on the meta device, the
+    _batch shapes: text 40, 36 + 1 regions, GQA head); elementwise ops and the optimizer not counted."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from volta_ml.models import build_model, load_config
+    config = load_config(config_source)
+    with torch.device("meta"):
+        model = build_model(config, TASK).train()
+        text, regions = 40, 37  # _batch's shapes
+        feat = 2048 if config.is_m3p else config.v_feature_size
+        locs = 5 if config.is_m3p else config.num_locs
+        batch = dict(input_txt=torch.zeros(1, text, dtype=torch.long), input_imgs=torch.zeros(1, regions, feat),
+                     image_loc=torch.zeros(1, regions, locs), attention_mask=torch.ones(1, text, dtype=torch.long),
+                     image_attention_mask=torch.ones(1, regions, dtype=torch.long))
+        target = torch.zeros(1, 1842)
+    with FlopCounterMode(display=False) as counter:
+        logits = model(**batch, task_id="TASK15")
+        torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), target).backward()
+    return float(counter.get_total_flops())
+
+
+def matmul_peak_gflops(device: str, precision: str, size: int = 2048, seconds: float = 1.0) -> float:
+    """GFLOP/s of one square matmul in `precision` (best of repeated runs): what the device's GEMMs reach."""
+    import torch
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    while True:
+        sync()
+        t0 = time.perf_counter()
+        a @ b
+        sync()
+        best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() > deadline:
+            return 2 * size ** 3 / best / 1e9
+
+
 def one_run(config_name: str, precision: str, device: str, batch: int, steps: int, warmup: int,
             compile_model: bool) -> dict:
     import torch
@@ -100,15 +141,17 @@ def one_run(config_name: str, precision: str, device: str, batch: int, steps: in
 
 def print_table(rows: list[dict]) -> None:
     print(f"{'config':18s} {'prec':5s} {'params':>7s} {'forward':>8s} {'backward':>9s} {'AdamW':>7s} "
-          f"{'ref AdamW':>10s} {'step s':>7s} {'samples/s':>10s} {'ref samples/s':>14s} {'peak GiB':>9s}")
+          f"{'ref AdamW':>10s} {'step s':>7s} {'samples/s':>10s} {'ref samples/s':>14s} {'peak GiB':>9s} "
+          f"{'GFLOP':>7s} {'floor s':>8s}")
     for r in rows:
         print(f"{r['config']:18s} {r['precision']:5s} {r['params_m']:6.1f}M {r['forward_s']:8.3f} "
               f"{r['backward_s']:9.3f} {r['optimizer_s']:7.3f} {r['reference_optimizer_s']:10.3f} "
               f"{r['step_s']:7.3f} {r['samples_per_s']:10.2f} {r['batch'] / r['reference_step_s']:14.2f} "
-              f"{r['peak_gib']:9.2f}")
+              f"{r['peak_gib']:9.2f} {r.get('matmul_gflop_per_step', float('nan')):7.0f} "
+              f"{r.get('matmul_floor_s', float('nan')):8.3f}")
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=CONFIGS)
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
@@ -123,14 +166,14 @@ def main() -> int:
                          "gradients allocated anew every step page-fault far less")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     ap.add_argument("--_one", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)
     if args._one:
         cfg, prec, dev = args._one.split(",")
         print(json.dumps(one_run(cfg, prec, dev, args.batch, args.steps, args.warmup, args.compile)))
-        return 0
+        return []
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     batch = args.batch or (64 if device == "cuda" else 8)
     steps = args.steps or (20 if device == "cuda" else 3)
@@ -148,18 +191,29 @@ def main() -> int:
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             r = rows[-1]
             print(f"  {cfg:18s} {prec:5s} {r['samples_per_s']:8.2f} samples/s", file=sys.stderr, flush=True)
+    # The matmul floor: the step's matmul FLOPs at the GEMM rate of one square matmul on this device. Any
+    # implementation of the same model (VOLTA's included) does these FLOPs, so no step can be faster.
+    peaks = {prec: matmul_peak_gflops(device, prec) for prec in {r["precision"] for r in rows}}
+    flops = {cfg: flops_per_sample(cfg) for cfg in {r["config"] for r in rows}}
+    for r in rows:
+        r["matmul_gflop_per_step"] = flops[r["config"]] * r["batch"] / 1e9
+        r["matmul_peak_gflops"] = peaks[r["precision"]]
+        r["matmul_floor_s"] = r["matmul_gflop_per_step"] / peaks[r["precision"]]
     threads = rows[0]["threads"] if rows else torch.get_num_threads()
     print(f"\nforward / backward / AdamW step (seconds, median of {steps}), text 40, 36+1 regions, GQA head, "
           f"batch {batch}, device {device}, torch threads {threads}{', compiled' if args.compile else ''}"
           f"{', THP allocator' if args.thp else ''}\n"
           "AdamW = VoltaAdamW (fused); ref AdamW = per-tensor reference AdamW (pytorch-transformers' loop, "
-          "VOLTA's per-tensor groups); ref samples/s = forward + backward + ref AdamW")
+          "VOLTA's per-tensor groups); ref samples/s = forward + backward + ref AdamW\n"
+          "GFLOP = matmul FLOPs of forward + backward (torch FlopCounterMode); floor s = GFLOP at the rate of one "
+          "square matmul here (" + ", ".join(f"{p} {g:.0f} GFLOP/s" for p, g in sorted(peaks.items())) + "): "
+          "no implementation of the model computes the step faster")
     print_table(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    return 0
+    return rows
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -133,30 +133,6 @@ def train_config(name: str, quick: bool, vocab_size: int = 1000):
     return {**bench_retrieval.make_config(name, "tiny").to_dict(), "vocab_size": vocab_size}
 
 
-def flops_per_sample(config_source) -> float:
-    """Matmul/attention FLOPs of one sample's forward + backward (torch FlopCounterMode on the meta device, the
-    bench_model batch shapes: text 40, 36 + 1 regions, GQA head); elementwise ops and the optimizer not counted."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    import bench_model
-    from volta_ml.models import build_model, load_config
-    config = load_config(config_source)
-    with torch.device("meta"):
-        model = build_model(config, bench_model.TASK).train()
-        text, regions = 40, 37  # bench_model's shapes
-        feat = 2048 if config.is_m3p else config.v_feature_size
-        locs = 5 if config.is_m3p else config.num_locs
-        batch = dict(input_txt=torch.zeros(1, text, dtype=torch.long), input_imgs=torch.zeros(1, regions, feat),
-                     image_loc=torch.zeros(1, regions, locs), attention_mask=torch.ones(1, text, dtype=torch.long),
-                     image_attention_mask=torch.ones(1, regions, dtype=torch.long))
-        target = torch.zeros(1, 1842)
-    with FlopCounterMode(display=False) as counter:
-        logits = model(**batch, task_id="TASK15")
-        torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), target).backward()
-    return float(counter.get_total_flops())
-
-
 def _one_run(config_source, precision, device, batch, steps, warmup) -> dict:
     import bench_model
     kwargs = dict(config_name=config_source, precision=precision, device=device, batch=batch, steps=steps,
@@ -167,12 +143,13 @@ def _one_run(config_source, precision, device, batch, steps, warmup) -> dict:
 
 
 def check_train_step(ctx) -> None:
+    import bench_model
     peaks = peak_tflops(ctx)
     batch, steps, warmup = (2, 1, 0) if ctx.quick else (64, 5, 1)
     device = "cuda" if ctx.device.startswith("cuda") else "cpu"
     for name in QUICK_CONFIGS if ctx.quick else BASE_CONFIGS:
         source = train_config(name, ctx.quick)
-        flops = flops_per_sample(source)
+        flops = bench_model.flops_per_sample(source)
         for precision in ("fp32", "bf16"):
             if ctx.skip_if_late(f"{name} {precision}", 2 if ctx.quick else 15):
                 continue
