@@ -66,11 +66,11 @@ def _plan(args, write: bool):
     from .grid import GridError, load_grid
     from .runners import plan_cells
 
-    try:
+    try:  # a grid the planner cannot turn into cells is a usage error too (exit 2, one line)
         grid = load_grid(args.grid)
+        cells = plan_cells(grid)
     except GridError as error:
         raise UsageError(str(error)) from None
-    cells = plan_cells(grid)
     if args.only:
         wanted = {c.id for c in cells if any(c.id.startswith(p) for p in args.only)}
         # keep what the chosen cells need, so their dependencies are not reported as blocked forever

@@ -50,9 +50,10 @@ def hf_tasks(model, grid) -> list[str]:
     """The grid tasks this HF model can do; refuses the training protocols."""
     from volta_ml.iglue_hf.kinds import tasks_for_backend
 
+    from .grid import GridError  # grid.py imports this module
     other = [p for p in grid.protocols if p not in HF_PROTOCOLS]
     if other:
-        raise SystemExit(f"{grid.path}: models.{model.name}: Hugging Face models run zero_shot and translate_test "
+        raise GridError(f"{grid.path}: models.{model.name}: Hugging Face models run zero_shot and translate_test "
                          f"only, not {', '.join(other)} (give them their own grid)")
     return tasks_for_backend(model.hf["backend"], grid.tasks)
 
@@ -63,9 +64,10 @@ def has_english(task: str) -> bool:
 
 
 def hf_argv(grid, model, task: str, lang: str, mt: bool, cell_dir: Path) -> list[str]:
+    from .grid import GridError  # grid.py imports this module
     hf = model.hf
     if task not in grid.images:
-        raise SystemExit(f"{grid.path}: images.{task}: the image root is needed for Hugging Face models")
+        raise GridError(f"{grid.path}: images.{task}: the image root is needed for Hugging Face models")
     argv = grid.commands["iglue_hf"] + [
         "--task", task, "--backend", hf["backend"], "--model", hf["model"], "--lang", lang,
         "--protocol", "translate-test" if mt else "zero-shot", "--data_root", str(grid.data_root),
