@@ -6,6 +6,7 @@ forward (no cache, no padding), log_softmax. Batches must equal one-at-a-time, K
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -270,6 +271,13 @@ def test_load_errors_are_one_line(root, tmp_path):
     (bad / "config.json").write_text(json.dumps({"model_type": "no-such-arch"}))
     with pytest.raises(ModelLoadError, match="unknown or unsupported architecture"):
         load_backend("clip", ModelSpec(str(bad)))
+    broken = tmp_path / "broken-mclip"  # M-CLIP's weights file cut short: one line naming the file
+    shutil.copytree(build("mclip", root), broken)
+    weights = broken / "pytorch_model.bin"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ModelLoadError, match=r"broken-mclip: cannot read .*pytorch_model\.bin") as e:
+        load_backend("mclip", ModelSpec(str(broken)))
+    assert "\n" not in str(e.value)
 
 
 def test_dtype_is_applied(root):

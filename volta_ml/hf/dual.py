@@ -80,10 +80,14 @@ def _load_state(spec: ModelSpec) -> dict:
     for name in ("model.safetensors", "pytorch_model.bin"):
         file = cached_file(source(spec), name, revision=spec.revision, _raise_exceptions_for_missing_entries=False)
         if file:
-            if name.endswith(".safetensors"):
-                from safetensors.torch import load_file
-                return load_file(file)
-            return torch.load(file, map_location="cpu", weights_only=True)
+            try:
+                if name.endswith(".safetensors"):
+                    from safetensors.torch import load_file
+                    return load_file(file)
+                return torch.load(file, map_location="cpu", weights_only=True)
+            except Exception as error:  # a damaged or truncated file: say which, in one line
+                cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                raise ModelLoadError(f"{spec.model}: cannot read {file}: {cause}") from None
     raise ModelLoadError(f"{spec.model}: no pytorch_model.bin or model.safetensors (M-CLIP weights)")
 
 
