@@ -14,7 +14,7 @@ from PIL import Image
 
 from .base import ModelSpec
 from .loading import (ModelLoadError, blank_image, float_dtype, input_device, load_model, load_processor,
-                      read_config, source, torch_dtype)
+                      one_line, read_config, source, torch_dtype)
 
 
 def _features(out) -> torch.Tensor:
@@ -86,8 +86,7 @@ def _load_state(spec: ModelSpec) -> dict:
                     return load_file(file)
                 return torch.load(file, map_location="cpu", weights_only=True)
             except Exception as error:  # a damaged or truncated file: say which, in one line
-                cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                raise ModelLoadError(f"{spec.model}: cannot read {file}: {cause}") from None
+                raise ModelLoadError(f"{spec.model}: cannot read {file}: {one_line(error)}") from None
     raise ModelLoadError(f"{spec.model}: no pytorch_model.bin or model.safetensors (M-CLIP weights)")
 
 

@@ -63,7 +63,7 @@ def read_config(spec: ModelSpec) -> dict:
         raise ModelLoadError(f"{spec.model}: {file} is not valid JSON ({e})") from None
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return lines[0] if lines else type(e).__name__
 
@@ -77,9 +77,9 @@ def load_model(auto_cls, spec: ModelSpec, what: str, **kwargs):
     try:
         model = auto_cls.from_pretrained(src, **kwargs)
     except (ValueError, KeyError) as e:
-        raise ModelLoadError(f"{spec.model}: unknown or unsupported architecture for {what} ({_one_line(e)})") from None
+        raise ModelLoadError(f"{spec.model}: unknown or unsupported architecture for {what} ({one_line(e)})") from None
     except (OSError, SafetensorError) as e:   # SafetensorError: a truncated or damaged weights file
-        raise ModelLoadError(f"{spec.model}: cannot load {what} ({_one_line(e)})") from None
+        raise ModelLoadError(f"{spec.model}: cannot load {what} ({one_line(e)})") from None
     if not spec.device_map:
         model = model.to(spec.device)
     return model.eval()
@@ -89,7 +89,7 @@ def load_processor(auto_cls, spec: ModelSpec, **kwargs):
     try:
         return auto_cls.from_pretrained(source(spec), revision=spec.revision, **kwargs)
     except (ValueError, KeyError, OSError, TypeError) as e:
-        raise ModelLoadError(f"{spec.model}: cannot load its processor/tokenizer ({_one_line(e)})") from None
+        raise ModelLoadError(f"{spec.model}: cannot load its processor/tokenizer ({one_line(e)})") from None
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
