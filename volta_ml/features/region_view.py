@@ -130,7 +130,7 @@ class RegionView:
         return self.store.keys()
 
     def _parts(self, image_id) -> RecordParts:
-        key = image_id if type(image_id) is str else str(image_id)
+        key = str(image_id)
         parts = self._region_parts(key) if self._region_parts is not None else None
         if parts is None:  # another format, or a missing id (store[key] raises the clear error)
             parts = RecordParts.of(self.store[key])
