@@ -24,7 +24,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-SHARED = REPO.parent / "shared"
+from volta_ml.testing.reference import shared_root  # noqa: E402
+SHARED = shared_root()  # VOLTA_ML_SHARED, else ../shared
 
 
 def tokenizer_dir(tmp: Path) -> Path:

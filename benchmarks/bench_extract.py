@@ -24,7 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-_GOLDEN_DEFAULT = str(ROOT.parent / "shared" / "golden_extract")
+from volta_ml.testing.reference import shared_path  # noqa: E402
+
+_GOLDEN_DEFAULT = str(shared_path("golden_extract"))
 SIZES = {"small": (224, 400), "tiny": (96, 128)}  # min/max image side; "default" keeps the preset's
 GOLDEN = Path(os.environ.get("VOLTA_ML_GOLDEN_EXTRACT", _GOLDEN_DEFAULT).split(os.pathsep)[0])
 

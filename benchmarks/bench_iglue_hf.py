@@ -31,8 +31,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from volta_ml.testing.reference import shared_path  # noqa: E402
 
-SHARED = REPO.parent / "shared" / "iglue" / "datasets"
+SHARED = shared_path("iglue", "datasets")  # VOLTA_ML_SHARED, else ../shared
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -216,6 +217,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="HF models (the zoo cross-encoder runs on the CPU)")
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     args = parser.parse_args()
+    if not SHARED.is_dir():
+        sys.exit(f"bench_iglue_hf: needs IGLUE's annotation files at {SHARED} (set VOLTA_ML_SHARED to the reference folder)")
     torch.set_num_threads(args.threads)
     if args.part in ("retrieval", "all"):
         bench_retrieval(args)

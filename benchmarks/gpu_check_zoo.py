@@ -15,8 +15,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-GOLDEN = Path(os.environ.get("VOLTA_ML_GOLDEN", str(REPO.parent / "shared" / "golden")).split(os.pathsep)[0])
-CHECK_PARITY = REPO.parent / "shared" / "tools" / "check_parity.py"
+sys.path.insert(0, str(REPO))
+from volta_ml.testing.reference import fixture_folders, shared_path  # noqa: E402
 BASE_CONFIGS = ("uc2_base", "ctrl_xuniter_base", "ctrl_vilbert_base", "ctrl_lxmert")
 QUICK_CONFIGS = ("uc2_base", "ctrl_lxmert")  # one single-stream, one dual-stream layout
 
@@ -64,40 +64,70 @@ def load_for_parity_on_device(fixture_dir: str, kind: str = "tasks", dtype=None)
     return load_for_parity(fixture_dir, kind, dtype or torch.float32, device=os.environ.get("GPU_CHECK_DEVICE", "cpu"))
 
 
-QUICK_FIXTURE = "uc2_base__A"  # --quick checks one fixture (tests/test_model_parity.py checks them all)
+PREFERRED_QUICK = "uc2_base__A"  # --quick checks one fixture (tests/test_model_parity.py checks them all)
 
 
-def _fixtures(quick: bool) -> list[Path]:
-    manifest = json.loads((GOLDEN / "manifest.json").read_text())
-    return [GOLDEN / fx["name"] for fx in manifest["fixtures"] if fx.get("kind", "tasks") != "hf_init"
-            and (not quick or fx["name"] == QUICK_FIXTURE)]
+def golden_folder() -> Path | None:
+    """The first golden folder (VOLTA_ML_GOLDEN, else <shared>/golden) that has a manifest."""
+    found = [f for f in fixture_folders("VOLTA_ML_GOLDEN", "golden") if (f / "manifest.json").is_file()]
+    return found[0] if found else None
+
+
+def quick_fixture(names: list[str], kinds: dict[str, str]) -> str | None:
+    """The fixture --quick checks, chosen from what the folder holds: the preferred one if it is there, else the
+    first tasks fixture whose name is in no other model fixture's name (check_parity.py's --only is a substring
+    filter; hf_init fixtures are skipped without --hf-loader)."""
+    models = [n for n in names if kinds.get(n, "tasks") != "hf_init"]
+    tasks = [n for n in models if kinds.get(n, "tasks") == "tasks"]
+    if PREFERRED_QUICK in tasks:
+        return PREFERRED_QUICK
+    return next((n for n in tasks if sum(n in other for other in models) == 1), None)
+
+
+def _fixtures(golden: Path, quick: bool) -> list[Path]:
+    """Every fixture a tasks model runs (all but hf_init); one with --quick."""
+    manifest = json.loads((golden / "manifest.json").read_text())
+    kinds = {fx["name"]: fx.get("kind", "tasks") for fx in manifest["fixtures"]}
+    names = list(kinds)
+    chosen = [quick_fixture(names, kinds)] if quick else [n for n in names if kinds[n] != "hf_init"]
+    return [golden / n for n in chosen if n is not None]
 
 
 def check_parity(ctx) -> None:
-    if not (GOLDEN / "manifest.json").exists() or not CHECK_PARITY.exists():
-        ctx.row(item="parity", status="skipped", reason=f"no golden fixtures at {GOLDEN} or no {CHECK_PARITY}")
+    golden, check_parity_py = golden_folder(), shared_path("tools", "check_parity.py")
+    if golden is None or not check_parity_py.is_file():
+        ctx.row(item="parity", status="skipped", reason=f"no golden fixtures (VOLTA_ML_GOLDEN, else "
+                f"{shared_path('golden')}) or no {check_parity_py}")
         return
-    cmd = [sys.executable, str(CHECK_PARITY), str(GOLDEN), "--loader",
+    fixtures = _fixtures(golden, ctx.quick)
+    if not fixtures:
+        ctx.row(item="parity", status="skipped", reason=f"{golden} holds no tasks fixture to compare")
+        return
+    cmd = [sys.executable, str(check_parity_py), str(golden), "--loader",
            f"{Path(__file__).resolve()}:load_for_parity_on_device", "--dtype", "float32"]
     if ctx.quick:
-        cmd += ["--only", QUICK_FIXTURE]
+        cmd += ["--only", fixtures[0].name]
     env = dict(os.environ, GPU_CHECK_DEVICE=ctx.device, PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(10.0, ctx.left() - 5))
     summary = re.search(r"SUMMARY: (\d+) ok, (\d+) failed, (\d+) skipped", proc.stdout)
     failures = [line for line in proc.stdout.splitlines() if line.startswith("[FAIL")]
-    ctx.row(item="fp32 parity (shared/tools/check_parity.py, atol = rtol = 1e-4)",
-            status="ok" if proc.returncode == 0 and summary else "failed",
-            compared=int(summary.group(1)) + int(summary.group(2)) if summary else None,
-            failed=int(summary.group(2)) if summary else None, failures=failures[:10],
+    compared = int(summary.group(1)) + int(summary.group(2)) if summary else None
+    item = f"fp32 parity ({check_parity_py.name} on {golden}, atol = rtol = 1e-4)"
+    if proc.returncode == 0 and compared == 0:  # nothing compared is not a pass
+        ctx.row(item=item, status="skipped", reason=f"check_parity.py compared nothing in {golden}",
+                compared=0, failed=0)
+        return
+    ctx.row(item=item, status="ok" if proc.returncode == 0 and summary else "failed",
+            compared=compared, failed=int(summary.group(2)) if summary else None, failures=failures[:10],
             stderr=proc.stderr[-1500:] if proc.returncode else "")
-    _bf16_drift(ctx)
+    _bf16_drift(ctx, fixtures)
 
 
-def _bf16_drift(ctx) -> None:
+def _bf16_drift(ctx, fixtures: list[Path]) -> None:
     """Logits under bf16 autocast against the fp32 goldens: the drift training and eval in bf16 accept."""
     import torch
     device_type = "cuda" if ctx.device.startswith("cuda") else "cpu"
-    for fdir in _fixtures(ctx.quick):
+    for fdir in fixtures:
         meta = json.loads((fdir / "meta.json").read_text())
         inputs = torch.load(fdir / "inputs.pt", map_location="cpu", weights_only=True)
         expected = torch.load(fdir / "expected.pt", map_location="cpu", weights_only=True)

@@ -1,22 +1,22 @@
-import os
 from pathlib import Path
 
 import pytest
 
+from volta_ml.testing import reference
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("VOLTA_ML_SHARED", REPO.parent / "shared"))
+SHARED = reference.shared_root()  # VOLTA_ML_SHARED, else ../shared: the one setting every test reads it through
 
 
 def shared_path(*parts: str) -> Path:
-    """A path under ../shared, or skip the test with a reason when the reference material is absent."""
-    p = SHARED.joinpath(*parts)
+    """A path under the shared reference folder, or skip the test with a reason when it is absent."""
+    p = reference.shared_path(*parts)
     if not p.exists():
-        pytest.skip(f"reference material {p} not available (../shared is beside the checkout in CI only)")
+        pytest.skip(f"reference material {p} not available (../shared is beside the checkout in CI only; "
+                    f"set {reference.ENV} to use another copy)")
     return p
 
 
-def env_folders(var: str, default: Path) -> list[Path]:
-    """Folders named in an os.pathsep-separated environment variable, else the default if it exists."""
-    raw = os.environ.get(var)
-    folders = [Path(p) for p in raw.split(os.pathsep) if p] if raw else [default]
-    return [f for f in folders if f.is_dir()]
+def env_folders(var: str, sub: str) -> list[Path]:
+    """Fixture folders named in an os.pathsep-separated environment variable, else `<shared>/<sub>` if it exists."""
+    return reference.fixture_folders(var, sub)

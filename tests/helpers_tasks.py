@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SHARED = Path(os.environ.get("VOLTA_ML_SHARED") or Path(__file__).resolve().parents[1].parent / "shared")
+from volta_ml.testing.reference import shared_root
+
+SHARED = shared_root()  # VOLTA_ML_SHARED, else ../shared
 IGLUE = SHARED / "iglue" / "datasets"
 VOLTA_TASK_CONFIGS = SHARED / "volta_configs" / "config_tasks"
 REPO = Path(__file__).resolve().parents[1]

@@ -18,8 +18,9 @@ from volta_ml.features.detectors.checkpoints import (UnsafeCheckpoint, convert_c
                                                      load_original)
 from volta_ml.features.detectors.keymap import CheckpointMismatch
 from volta_ml.features.detectors.x101_fpn import X101Detector
+from volta_ml.testing.reference import shared_root
 
-SHARED = Path(os.environ.get("VOLTA_ML_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+SHARED = shared_root()  # VOLTA_ML_SHARED, else ../shared
 
 
 # Original names, written from the layout described in the features spec (section 2.3/2.4 and 3.1),

@@ -26,8 +26,9 @@ from volta_ml.features.detectors.recipe import read_key_table, recipe_weights
 from volta_ml.features.detectors.select_butd import TooFewBoxes, butd_extract, caffe_select, scale_boxes
 from volta_ml.features.detectors.x101_fpn import X101Detector, x101_extract_batch
 from volta_ml.features.images import read_image_bgr
+from volta_ml.testing.reference import shared_path
 
-DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "golden_extract"
+DEFAULT = shared_path("golden_extract")  # VOLTA_ML_SHARED, else ../shared
 ENV = "VOLTA_ML_GOLDEN_EXTRACT"
 
 # README section 7, "recommended test" column.

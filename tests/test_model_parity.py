@@ -10,7 +10,7 @@ import torch
 
 from volta_ml.testing.parity import hf_init_for_parity, load_for_parity
 
-from conftest import SHARED, env_folders
+from conftest import env_folders
 
 TOL = {torch.float32: (1e-4, 1e-4), torch.float64: (1e-9, 1e-9)}
 M3P_TOL64 = 1e-6   # M3P's softmax runs in float32 even in a float64 run
@@ -18,7 +18,7 @@ M3P_TOL64 = 1e-6   # M3P's softmax runs in float32 even in a float64 run
 
 def fixtures():
     found = []
-    for root in env_folders("VOLTA_ML_GOLDEN", SHARED / "golden"):
+    for root in env_folders("VOLTA_ML_GOLDEN", "golden"):
         manifest = json.loads((root / "manifest.json").read_text())
         for fx in manifest["fixtures"]:
             found.append(pytest.param(root / fx["name"], id=f"{root.name}/{fx['name']}"))
