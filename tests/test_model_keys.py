@@ -58,8 +58,13 @@ def test_every_shipped_config_is_covered():
 KEYS_FILE = SHARED / "specs" / "state_dict_keys_real_configs.txt"
 
 
-@pytest.mark.parametrize("section", sorted(reference_sections()) if KEYS_FILE.exists() else [],
-                         ids=lambda s: f"{s[0]}-{s[1]}")
+_NO_KEYS = pytest.param(None, marks=pytest.mark.skip(reason=f"reference material {KEYS_FILE} not available "
+                                                            f"(../shared is beside the checkout in CI only)"),
+                        id="no-reference-keys")
+
+
+@pytest.mark.parametrize("section", [pytest.param(s, id=f"{s[0]}-{s[1]}") for s in sorted(reference_sections())]
+                         if KEYS_FILE.exists() else [_NO_KEYS])
 def test_state_dict_matches_volta(section):
     expected = reference_sections()[section]
     got = our_keys(*section)
