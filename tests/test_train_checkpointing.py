@@ -82,21 +82,6 @@ def test_latest_file_loads_with_weights_only(tmp_path):
     assert (state["resume_epoch"], state["resume_micro_step"]) == (2, 3)
 
 
-class FakeTbLogger:  # VOLTA pickles its logger object into the resume file
-    pass
-
-
-def test_volta_written_resume_file_restores_weights_step_and_score(tmp_path):
-    model = nn.Linear(3, 2)
-    path = tmp_path / "volta_latest.tar"
-    torch.save({"model_state_dict": {"module." + k: v for k, v in model.state_dict().items()},
-                "optimizer_state_dict": {}, "scheduler_state_dict": {}, "global_step": 40, "epoch_id": 3,
-                "tb_logger": FakeTbLogger(), "score": 0.61}, path)
-    state = ckpt.load_latest(path)
-    assert state["format"] == "volta" and state["resume_epoch"] == 4 and state["score"] == 0.61
-    assert set(state["model_state_dict"]) == {"weight", "bias"}
-
-
 def test_model_bin_has_unwrapped_keys(tmp_path):
     wrapped = nn.DataParallel(nn.Linear(3, 2))
     ckpt.save_model_bin(wrapped, tmp_path / "pytorch_model_0.bin")

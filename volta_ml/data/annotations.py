@@ -9,6 +9,8 @@ import json
 import pickle
 from pathlib import Path
 
+from volta_ml.restricted_pickle import UnsafePickle, restricted_load
+
 
 class AnnotationError(ValueError):
     """A malformed or unexpected annotation file; the message names the file and, where known, the line."""
@@ -50,13 +52,19 @@ def read_json(path: str | Path, what: str = "annotation file"):
 
 
 def read_pickle(path: str | Path, what: str = "annotation pickle"):
+    """An annotation pickle (GQA targets and answer vocabularies, hard negatives) through the restricted reader:
+    dicts, lists, strings, numbers and numpy arrays only. A file naming anything else is refused, unrun."""
     path = Path(path)
     _check_exists(path, what)
     try:
         with open(path, "rb") as handle:
-            return pickle.load(handle)
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as err:
-        raise AnnotationError(f"{path}: cannot unpickle ({err})") from None
+            return restricted_load(handle)
+    except UnsafePickle as err:
+        raise AnnotationError(f"{path}: refused: the {what} names {err.global_name}, which an annotation file "
+                              f"never holds (only dicts, lists, strings, numbers, numpy arrays); nothing "
+                              f"was run") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, UnicodeDecodeError) as err:
+        raise AnnotationError(f"{path}: cannot unpickle the {what} ({type(err).__name__}: {err})") from None
 
 
 def require(record: dict, key: str, path, line_no) -> object:

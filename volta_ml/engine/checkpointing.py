@@ -8,12 +8,22 @@ intact. Two kinds of files, as VOLTA names them:
 - `pytorch_ckpt_latest.tar`: everything a resumed run needs (model, optimizer, scheduler,
   grad scaler, data position, RNG states of every rank, best score), made only of tensors
   and plain containers so it loads with `torch.load(weights_only=True)`.
+
+Every resume file is read with torch's weights-only unpickler, never with full unpickling. VOLTA's own
+resume files also pickle its TensorBoard logger (`tbLogger`) and, in multi-task runs, the task stop
+controllers (`MultiTaskStopOnPlateau`); those classes are read as inert `VoltaObject` stand-ins (their
+fields only: nothing of VOLTA's is imported or run). Any other class is refused with one line.
 """
 from __future__ import annotations
 
+import io
 import logging
 import os
+import pickle
+import pickletools
 import random
+import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -119,24 +129,119 @@ def save_latest(path: str | os.PathLike, *, model, optimizer, scheduler, scaler,
     atomic_torch_save(state, path)
 
 
-def load_latest(path: str | os.PathLike) -> dict:
-    """Read a resume file. Our own files load with weights_only=True.
+class VoltaObject:
+    """An inert stand-in for an object of one of VOLTA's classes in its resume file: `volta_class` names the
+    class, `fields` holds the pickled state (plain values). No method of VOLTA's runs (tbLogger's own
+    `__setstate__` would reopen its log files)."""
+    volta_class = ""
 
-    A file written by VOLTA itself also pickles its TensorBoard logger object; such a file
-    is only loaded with full unpickling, so it must come from a trusted source (the user
-    named it with --resume_file). Its model weights, step, epoch and best score are used.
+    def __setstate__(self, state) -> None:
+        self.fields = dict(state) if isinstance(state, dict) else {"state": state}
+
+    def __repr__(self) -> str:
+        return f"<stand-in for {self.volta_class}: {sorted(getattr(self, 'fields', {}))}>"
+
+
+# VOLTA's classes that its train_task.py / train_tasks.py pickle beside the tensors, by class name; the
+# module is checked to be VOLTA's (or vilbert-multi-task's, which VOLTA grew from) when the file names it.
+VOLTA_CLASSES = ("tbLogger", "MultiTaskStopOnPlateau")
+VOLTA_MODULES = ("volta", "vilbert")
+
+
+def _numpy_safe_globals() -> list:
+    """numpy scalars (a score kept as numpy.float64) and their dtypes: values, no code."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core import multiarray
+    found = [(multiarray.scalar, f"{mod}.scalar") for mod in ("numpy.core.multiarray", "numpy._core.multiarray")]
+    found.append(np.dtype)
+    found += [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType")]
+    return found
+
+
+def _stand_ins(names: set[str]) -> list[tuple[type, str]]:
+    """A stand-in class for each VOLTA class the file names, registered under the file's own name for it."""
+    found = []
+    for full in names:
+        module, _, cls = full.rpartition(".")
+        if cls in VOLTA_CLASSES and module.split(".")[0] in VOLTA_MODULES:
+            found.append((type(cls, (VoltaObject,), {"volta_class": full}), full))
+    return found
+
+
+def pickle_globals(path: str | os.PathLike) -> set[str]:
+    """The globals ("module.name") the main pickle of a `torch.save` file names, read without unpickling:
+    zip files (torch >= 1.6) and the legacy format (torch < 1.6: three small header pickles, then the main
+    one). Only for naming what a file holds; torch's weights-only unpickler is what refuses."""
+    with open(path, "rb") as handle:
+        if zipfile.is_zipfile(handle):
+            with zipfile.ZipFile(handle) as archive:
+                data = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
+                if data is None:
+                    raise ValueError("a zip file without data.pkl")
+                return _globals_in(io.BytesIO(archive.read(data)))
+        handle.seek(0)
+        for _ in range(3):  # magic number, protocol version, system info
+            for _op in pickletools.genops(handle):
+                pass
+        return _globals_in(handle)
+
+
+def _globals_in(stream) -> set[str]:
+    found, strings = set(), []
+    for opcode, arg, _ in pickletools.genops(stream):
+        if opcode.name in ("GLOBAL", "INST"):
+            found.add(".".join(arg.split(" ", 1)))
+        elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+            found.add(f"{strings[-2]}.{strings[-1]}")
+        elif isinstance(arg, str) and "UNICODE" in opcode.name:
+            strings.append(arg)
+    return found
+
+
+TORCH_MODULES = ("torch", "numpy", "collections", "builtins", "__builtin__", "copyreg", "copy_reg", "_codecs")
+
+
+def _refused(path, names: list[str]) -> UsageError:
+    more = f" (+{len(names) - 3} more)" if len(names) > 3 else ""
+    return UsageError(f"--resume_file {path}: refused: the file names {', '.join(names[:3])}{more}, which a "
+                      f"training checkpoint never holds (tensors, plain containers and VOLTA's "
+                      f"{'/'.join(VOLTA_CLASSES)} only); nothing in it was run")
+
+
+def load_latest(path: str | os.PathLike) -> dict:
+    """Read a resume file with torch's weights-only unpickler (never full unpickling).
+
+    Our own files hold only tensors and plain containers. A file written by VOLTA itself also pickles its
+    TensorBoard logger and task stop controllers: those become `VoltaObject` stand-ins; any other class in
+    the file is refused with a `UsageError` naming the file and the class, before anything is built. Of a
+    VOLTA file, the model weights, step, epoch and best score are used.
     """
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - re-raised below unless it is a VOLTA file
-        logger.warning("%s is not a plain-tensor checkpoint (%s); loading it as a VOLTA checkpoint "
-                       "with full unpickling, which runs code stored in the file: only resume from "
-                       "files you trust", path, type(error).__name__)
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as unreadable:  # noqa: BLE001 - any reader error means: not a checkpoint
-            raise UsageError(f"--resume_file {path}: not a readable training checkpoint "
-                             f"({type(unreadable).__name__}: {unreadable})") from None
+        named = pickle_globals(path)
+    except Exception as unreadable:  # noqa: BLE001 - any reader error means: not a checkpoint
+        raise UsageError(f"--resume_file {path}: not a readable training checkpoint "
+                         f"({type(unreadable).__name__}: {unreadable})") from None
+    stand_ins = _stand_ins(named)
+    # what torch itself may allow (tensors, storages, containers, numpy values) is judged by its unpickler;
+    # anything from another module is refused here, by name, before loading starts
+    refused = sorted(n for n in named - {name for _, name in stand_ins} if n.split(".")[0] not in TORCH_MODULES)
+    if refused:
+        raise _refused(path, refused)
+    try:
+        with torch.serialization.safe_globals(_numpy_safe_globals() + stand_ins):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as unsafe:  # torch's refusal names the global: "... GLOBAL a.b.C was not ..."
+        found = re.search(r"GLOBAL ([\w.]+)", str(unsafe))
+        if found:
+            raise _refused(path, [found.group(1)]) from None
+        raise UsageError(f"--resume_file {path}: not a readable training checkpoint "
+                         f"(UnpicklingError: {(str(unsafe).strip().splitlines() or [''])[0]})") from None
+    except Exception as unreadable:  # noqa: BLE001 - any reader error means: not a checkpoint
+        first = (str(unreadable).strip().splitlines() or [""])[0]
+        raise UsageError(f"--resume_file {path}: not a readable training checkpoint "
+                         f"({type(unreadable).__name__}: {first})") from None
     if not isinstance(state, dict) or "model_state_dict" not in state:
         raise UsageError(f"--resume_file {path}: not a training checkpoint (no 'model_state_dict' key)")
     if state.get("format") != FORMAT:
