@@ -23,7 +23,7 @@ from pathlib import Path
 from volta_ml.atomic import atomic_write_json
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.options import complete_options
-from volta_ml.digest import file_digest
+from volta_ml.digest import content_fingerprint, file_digest
 from volta_ml.protocols.iglue import TASKS
 
 from .data import image_refs, read_task
@@ -80,11 +80,11 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
     out_dir = Path(opts["output_dir"])
     split = f"test_{lang}" + ("_mt" if protocol == "translate-test" else "")
     work_dir = opts["work_dir"] or str(out_dir / f"{split}_chunks")
-    fingerprint = {"format": 1, "task": task, "rule": rule, "annotations": file_digest(annotation),
+    fingerprint = {"format": 2, "task": task, "rule": rule, "annotations": file_digest(annotation),
                    "images": os.path.abspath(opts["images"]), "template": source.template,
                    "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
                    "backend": opts["backend"], "prompts": PROMPTS_VERSION, "batch_size": opts["batch_size"],
-                   "extra": opts["extra"] or {}}
+                   "extra": opts["extra"] or {}, **model_contents(opts)}
     info = init_distributed(opts["local_rank"], None if opts["device_map"] else opts["device"])
     try:
         if backend is None:       # each rank on its own device (cuda:<local rank> under torchrun / srun)
@@ -131,6 +131,16 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         return results
     finally:
         shutdown(info)
+
+
+def model_contents(opts: dict) -> dict:
+    """The resume key of the model: its files' sizes and hashes (local folder) or resolved commit (hub id), and
+    the same for M-CLIP's image tower (`extra.image_model`): new weights at the same path are never mixed in."""
+    extra = opts["extra"] or {}
+    out = {"model_content": content_fingerprint(opts["model"], opts["revision"])}
+    if extra.get("image_model"):
+        out["image_model_content"] = content_fingerprint(extra["image_model"], extra.get("image_revision"))
+    return out
 
 
 def _model_name(model: str) -> str:
