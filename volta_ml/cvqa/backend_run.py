@@ -32,7 +32,7 @@ DEFAULTS = {
     "revision": None, "conditions": list(CONDITIONS), "template": None, "rule": "letter", "model": None,
     "model_revision": None, "image_model": None, "dtype": "fp32", "device": "auto", "device_map": None,
     "batch_size": 8, "chunk_size": 256, "text_only": True, "limit": None, "progress": True, "predictions": None,
-    "max_side": None, "max_pixels": None,
+    "max_side": None, "max_pixels": None, "allow_missing_keys": False,
 }
 REQUIRED = ("data", "backend", "output_dir")
 # What a resumed run must match (anything else, e.g. batch size or device, may change); the model's and the
