@@ -229,6 +229,24 @@ def test_report_places_rows_beside_the_zoo(world, tmp_path):
     assert ir[0] == "model,de,avg" and ir[1].startswith("clip,")
 
 
+def test_two_rules_without_a_name_are_two_rows_not_one_average(world, tmp_path):
+    """Issue 23 item 6: a letter and a likelihood run of one model folder, both named after it, used to become one
+    row with the mean of the two scores."""
+    from volta_ml.protocols.report import write_report
+    from volta_ml.protocols.results import collect
+
+    runs = tmp_path / "runs"
+    scores = {}
+    for rule in ("letter", "likelihood"):
+        result = run_iglue_hf(options(world, "xvnli", "ar", runs / rule, rule=rule), backend=FakeGenerative())
+        scores[rule] = result["metrics"]["score"]
+    assert scores["letter"] != scores["likelihood"]
+    write_report(collect(runs), tmp_path / "report")
+    rows = (tmp_path / "report" / "XVNLI_0.csv").read_text().splitlines()
+    assert rows == ["model,ar,avg"] + [f"fake-model ({rule}),{scores[rule]!r},{scores[rule]!r}"
+                                       for rule in ("letter", "likelihood")]
+
+
 def test_missing_images_are_listed(world, tmp_path):
     images = tmp_path / "few"
     images.mkdir()

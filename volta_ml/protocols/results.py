@@ -101,9 +101,14 @@ def cvqa_metrics(cell_dir: Path) -> dict:
 def iglue_hf_metrics(cell_dir: Path) -> dict:
     """A Hugging Face model's IGLUE cell: the metrics `volta-ml iglue-hf` wrote to `eval/iglue_hf_results.json`,
     at full precision, so the sweep records the same numbers as a standalone run (not the logs' 3 decimals)."""
+    return dict(iglue_hf_results(cell_dir)["metrics"])
+
+
+def iglue_hf_results(cell_dir: Path) -> dict:
     path = Path(cell_dir) / "eval" / "iglue_hf_results.json"
     try:
-        return dict(json.loads(path.read_text(encoding="utf-8"))["metrics"])
+        results = json.loads(path.read_text(encoding="utf-8"))
+        return {"metrics": dict(results["metrics"]), "rule": results.get("rule"), "backend": results.get("backend")}
     except FileNotFoundError:
         raise LogError(f"{path}: not written (the iglue-hf run did not finish)")
     except (ValueError, KeyError, TypeError) as error:
