@@ -222,15 +222,19 @@ def _write_results(args, dataset, scorer, header, scores, failures, timing, out_
     for condition in args["conditions"]:
         arrays = scores[condition]
         predictions = predict(arrays["score"])
+        blind = scores.get(pass_name(condition, True))
+        per_question = {k: v for k, v in arrays.items() if k != "score"}     # the rule's variants
+        for key, values in (blind or {}).items():                            # the text-only control
+            per_question["text_only" if key == "score" else f"text_only_{key}"] = values
         write_predictions(out_dir / f"predictions_{condition}.csv", questions, predictions,
-                          arrays["score"] if scorer.needs_images else None, condition, dataset.revision)
+                          arrays["score"] if scorer.needs_images else None, condition, dataset.revision,
+                          per_question)
         write_submission(out_dir / f"submission_{condition}.csv", questions, predictions)
         files += [f"predictions_{condition}.csv", f"submission_{condition}.csv"]
         results["runs"][condition] = accuracy_summary(questions, predictions)
         for variant in (k for k in arrays if k != "score"):   # the rule's variants: summaries (docs/cvqa.md)
             results["variants"].setdefault(variant, {})[condition] = accuracy_summary(questions,
                                                                                       predict(arrays[variant]))
-        blind = scores.get(pass_name(condition, True))
         if blind is not None:
             results["text_only"][condition] = accuracy_summary(questions, predict(blind["score"]))
     results["en_loc_gap"] = en_loc_gap(results["runs"])
