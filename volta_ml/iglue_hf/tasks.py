@@ -116,7 +116,7 @@ def log_score(task: str, score: float) -> None:
 
 # --- dual encoders: xFlickr&CO, WIT ----------------------------------------------------------------------------
 def run_retrieval(backend, data, source, *, info, work_dir, fingerprint, opts, out_dir, split):
-    from volta_ml.cli.eval_retrieval import print_report
+    from volta_ml.engine.retrieval_job import print_report
 
     batch = max(1, opts["batch_size"])
 
