@@ -145,3 +145,17 @@ def test_hub_id_resolves_to_the_cached_commit(tmp_path, monkeypatch):
     import huggingface_hub.constants as constants
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     assert digest.content_fingerprint("org/tiny") == {"commit": commit}
+
+
+def test_many_files_are_keyed_by_size_and_mtime(tmp_path):
+    """Image folders and feature stores: a replaced file changes the key, a reader's LMDB lock file does not."""
+    store = tmp_path / "features.lmdb"
+    store.mkdir()
+    (store / "data.mdb").write_bytes(b"x" * 10)
+    (store / "lock.mdb").write_bytes(b"")
+    key = digest.stat_digest([store])
+    (store / "lock.mdb").write_bytes(b"reader")
+    assert digest.stat_digest([store]) == key
+    stat = (store / "data.mdb").stat()
+    os.utime(store / "data.mdb", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert digest.stat_digest([store]) != key

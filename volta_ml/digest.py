@@ -108,3 +108,23 @@ def hub_commit(repo_id: str, revision: str | None = None) -> str | None:
     except Exception:   # not a valid repo id, no huggingface_hub: nothing to resolve
         return None
     return Path(found).parent.name if isinstance(found, str) else None
+
+
+def stat_digest(paths, root: str | os.PathLike | None = None) -> str:
+    """sha256 of each file's (path relative to `root`, size, mtime): a cheap key for many files (a folder of
+    images, a feature store) that changes when any of them is replaced, without reading them. A folder in
+    `paths` stands for every file below it, except LMDB's lock files (`lock.mdb`, `*-lock`: every reader writes
+    them)."""
+    lines = []
+    for path in map(Path, paths):
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not _is_lmdb_lock(p)) if path.is_dir() \
+            else [path]
+        for file in files:
+            stat = file.stat()
+            name = os.path.relpath(file, root) if root is not None else str(file)
+            lines.append(f"{name}\t{stat.st_size}\t{stat.st_mtime_ns}")
+    return text_digest("\n".join(lines))
+
+
+def _is_lmdb_lock(path: Path) -> bool:
+    return path.name == "lock.mdb" or path.name.endswith("-lock")

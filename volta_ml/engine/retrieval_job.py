@@ -67,14 +67,15 @@ def load_scoring_model(args, setup, device: torch.device):
 def fingerprint(args, model_config, tokenizer, annotation: str, features: str, images, n_captions: int,
                 task_id: str, precision: str) -> dict:
     """Everything that changes the scores: saved chunks are reused only when all of it matches."""
-    from volta_ml.digest import content_fingerprint, file_digest, text_digest
+    from volta_ml.digest import content_fingerprint, file_digest, stat_digest, text_digest
 
     config_json = json.dumps(model_config.to_dict(), sort_keys=True, default=str)
     return {
         "format": 2, "checkpoint": os.path.abspath(args.from_pretrained),
         "checkpoint_content": content_fingerprint(args.from_pretrained),
         "model_config": text_digest(config_json), "annotations": file_digest(annotation),
-        "features": os.path.abspath(features), "images": text_digest("\n".join(images)),
+        "features": os.path.abspath(features), "features_stat": stat_digest([features]),
+        "images": text_digest("\n".join(images)),
         "n_captions": n_captions, "tokenizer": getattr(tokenizer, "volta_fingerprint", type(tokenizer).__name__),
         "task": task_id, "zero_shot": bool(args.zero_shot), "precision": precision, "pair_batch": args.pair_batch,
         "captions_per_chunk": args.captions_per_chunk, "score_dtype": args.score_dtype,

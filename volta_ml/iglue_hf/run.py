@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from volta_ml.atomic import atomic_write_json
-from volta_ml.digest import content_fingerprint, file_digest
+from volta_ml.digest import content_fingerprint, file_digest, stat_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.hf.loading import loading_report
 from volta_ml.options import complete_options
@@ -84,6 +84,8 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
     work_dir = opts["work_dir"] or str(out_dir / f"{split}_chunks")
     fingerprint = {"format": 2, "task": task, "rule": rule, "annotations": file_digest(annotation),
                    "images": os.path.abspath(opts["images"]), "template": source.template,
+                   "images_stat": stat_digest([source.path(r) for r in dict.fromkeys(image_refs(data))],
+                                              opts["images"]),
                    "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
                    "backend": opts["backend"], "prompts": PROMPTS_VERSION, "batch_size": opts["batch_size"],
                    "extra": opts["extra"] or {}, **model_contents(opts)}
