@@ -1,9 +1,12 @@
 """A CVQA run with a `backends` scorer (clip, mclip, mllm, import): batched, sharded, chunked and resumable.
 
 `run_backend(args_dict)` is what `volta-ml cvqa score --backend clip|mclip|mllm|import` calls (the `zoo` backend
-runs through `run.run_cvqa`). The questions are cut into chunks (`chunks.py`); under torchrun or Slurm, chunk
-`k` goes to rank `k % world_size` and rank 0 gathers the scores (the arrays themselves, so the result is
-bit-identical to one process). Within a chunk the photos of each batch are decoded once and scored under every
+runs through `run.run_cvqa`). The questions are cut into chunks, saved as they are scored in
+`<output_dir>/chunks/<pass>/<first question index>.npz` (`engine/chunks.ChunkStore`, policy "refuse": a rerun
+into the folder with another model, other weights at the same path, other data or settings is refused with one
+line naming what changed, see `resume_fingerprint`); under torchrun or Slurm, chunk `k` goes to rank
+`k % world_size` and rank 0 gathers the scores (the arrays themselves, so the result is bit-identical to one
+process). Within a chunk the photos of each batch are decoded once and scored under every
 condition and the text-only control; a photo that fails to decode is listed and scored like the control.
 The result folder has the zoo path's layout: `cvqa_results.json`, `predictions_<condition>.csv`,
 `submission_<condition>.csv`, tables, plot.
