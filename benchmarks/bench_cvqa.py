@@ -170,7 +170,7 @@ def bench_hf_backends(args, device, tmp: Path) -> list[tuple]:
 
     from volta_ml.cvqa.backend_run import score_passes
     from volta_ml.cvqa.backends import DualEncoderScorer, GenerativeScorer
-    from volta_ml.cvqa.chunks import ChunkStore
+    from volta_ml.engine.chunks import ChunkStore
     from volta_ml.cvqa.data import load_cvqa
     from volta_ml.engine.distributed import DistInfo
 

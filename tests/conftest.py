@@ -1,3 +1,5 @@
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -6,6 +8,9 @@ from volta_ml.testing import reference
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = reference.shared_root()  # VOLTA_ML_SHARED, else ../shared: the one setting every test reads it through
+# the per-file digest cache of resume fingerprints (volta_ml/digest.py): one per test session, not the user's
+os.environ.setdefault("VOLTA_ML_DIGEST_CACHE", os.path.join(tempfile.mkdtemp(prefix="volta_ml_digests_"),
+                                                            "file_digests.json"))
 
 
 def shared_path(*parts: str) -> Path:

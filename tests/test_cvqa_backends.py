@@ -271,3 +271,20 @@ def test_backend_result_folders_feed_the_paper_report(release, tmp_path, fakes):
     assert f"| llava (open) | mllm | open | - | {micro} |" in report
     normalised = f"{opened['variants']['length_normalised']['en-aware']['micro']:.2f}"
     assert f"| llava (open) length_normalised | mllm | open | - | {normalised} |" in report
+
+
+def test_predictions_csv_holds_every_per_question_score(release, tmp_path, fakes):
+    """Issue 23: the open rule's length-normalised scores and the text-only control's scores, per question and
+    option, are in predictions_<condition>.csv (not only in chunks/*.npz, which a finished run may delete)."""
+    assert score(release, tmp_path, "--backend", "mllm", "--model", "fake/m", "--rule", "open", "--conditions",
+                 "loc-aware") == 0
+    with open(tmp_path / "predictions_loc-aware.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    columns = {name: np.array([[float(r[f"{name}_{k}"]) for k in range(4)] for r in rows])
+               for name in ("score", "length_normalised", "text_only", "text_only_length_normalised")}
+    sighted, blind = saved_scores(tmp_path, "loc-aware"), saved_scores(tmp_path, "loc-aware.blind")
+    np.testing.assert_array_equal(columns["score"], sighted["score"])
+    np.testing.assert_array_equal(columns["length_normalised"], sighted["length_normalised"])
+    np.testing.assert_array_equal(columns["text_only"], blind["score"])
+    np.testing.assert_array_equal(columns["text_only_length_normalised"], blind["length_normalised"])
+    assert not np.array_equal(columns["score"], columns["length_normalised"])

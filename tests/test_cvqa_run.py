@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers_cvqa import REVISION, ROWS, make_cvqa_store, tiny_tokenizer, write_release
@@ -62,6 +63,10 @@ def test_labelled_run_writes_accuracy_tables_plot_and_submissions(files):
                                                               for r in preds]
         assert set(summary["pair"]) == {"India-Telugu", "Egypt-Egyptian_Arabic", "Mexico-Spanish"}
         assert set(results["text_only"][condition]["pair"]) == set(summary["pair"])
+        # the text-only control's option scores, per question, beside the run's own
+        blind = np.array([[float(r[f"text_only_{k}"]) for k in range(4)] for r in preds])
+        blind_correct = (np.argmax(blind, axis=1) == [int(r["Label"]) for r in preds]).sum()
+        assert results["text_only"][condition]["micro"] == pytest.approx(100 * blind_correct / len(ROWS), abs=1e-3)
     assert set(results["en_loc_gap"]) == {"aware", "agnostic"}
     assert set(results["timing"]) == set(results["runs"]) and results["timing"]["en-aware"]["questions_per_second"] > 0
     assert results["en_loc_gap"]["aware"]["micro"] == pytest.approx(

@@ -229,6 +229,24 @@ def test_report_places_rows_beside_the_zoo(world, tmp_path):
     assert ir[0] == "model,de,avg" and ir[1].startswith("clip,")
 
 
+def test_two_rules_without_a_name_are_two_rows_not_one_average(world, tmp_path):
+    """Issue 23 item 6: a letter and a likelihood run of one model folder, both named after it, used to become one
+    row with the mean of the two scores."""
+    from volta_ml.protocols.report import write_report
+    from volta_ml.protocols.results import collect
+
+    runs = tmp_path / "runs"
+    scores = {}
+    for rule in ("letter", "likelihood"):
+        result = run_iglue_hf(options(world, "xvnli", "ar", runs / rule, rule=rule), backend=FakeGenerative())
+        scores[rule] = result["metrics"]["score"]
+    assert scores["letter"] != scores["likelihood"]
+    write_report(collect(runs), tmp_path / "report")
+    rows = (tmp_path / "report" / "XVNLI_0.csv").read_text().splitlines()
+    assert rows == ["model,ar,avg"] + [f"fake-model ({rule}),{scores[rule]!r},{scores[rule]!r}"
+                                       for rule in ("letter", "likelihood")]
+
+
 def test_missing_images_are_listed(world, tmp_path):
     images = tmp_path / "few"
     images.mkdir()
@@ -289,7 +307,10 @@ def test_sweep_cells_for_hf_models_and_report(world, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.loads((tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/result.json").read_text())
     mine = json.loads((tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/eval/iglue_hf_results.json").read_text())
-    assert record["metrics"]["score"] == pytest.approx(mine["metrics"]["score"], abs=1e-3)
+    assert record["metrics"] == mine["metrics"]          # full precision, as a standalone run records it
+    record = json.loads((tmp_path / "runs/zero_shot/clip/xflickrco/de/result.json").read_text())
+    mine = json.loads((tmp_path / "runs/zero_shot/clip/xflickrco/de/eval/iglue_hf_results.json").read_text())
+    assert record["metrics"] == mine["metrics"] and len(record["metrics"]) == 10
     assert not (tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/eval/result.json").exists()
     proc = subprocess.run([sys.executable, "-m", "volta_ml.protocols.cli", "report", str(tmp_path / "runs"),
                            "--no_plots"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)

@@ -84,3 +84,11 @@ def test_lines_parse_with_igLUE_reading_rule():
     assert got_tr == {k: round(v, 3) for k, v in tr.items()}
     # the authors' scrapers split on ':' and ','; the label stays VOLTA's 'mder'
     assert re.findall(r"mder:", text) and "medr" not in text
+
+
+def test_recall_is_computed_as_iglue_does():
+    """IGLUE's `100 * hits / n`: 23 of 40 under rank 10 is 57.5, not 100 * mean = 57.49999999999999."""
+    ranks = np.array([0] * 23 + [50] * 17)
+    metrics = recall_metrics(ranks)
+    assert metrics["r10"] == 57.5 and metrics["r1"] == 57.5
+    assert metrics["r10"] == 100 * 23 / 40 and 100 * np.mean(ranks < 10) != 57.5

@@ -1,9 +1,12 @@
 """A CVQA run with a `backends` scorer (clip, mclip, mllm, import): batched, sharded, chunked and resumable.
 
 `run_backend(args_dict)` is what `volta-ml cvqa score --backend clip|mclip|mllm|import` calls (the `zoo` backend
-runs through `run.run_cvqa`). The questions are cut into chunks (`chunks.py`); under torchrun or Slurm, chunk
-`k` goes to rank `k % world_size` and rank 0 gathers the scores (the arrays themselves, so the result is
-bit-identical to one process). Within a chunk the photos of each batch are decoded once and scored under every
+runs through `run.run_cvqa`). The questions are cut into chunks, saved as they are scored in
+`<output_dir>/chunks/<pass>/<first question index>.npz` (`engine/chunks.ChunkStore`, policy "refuse": a rerun
+into the folder with another model, other weights at the same path, other data or settings is refused with one
+line naming what changed, see `resume_fingerprint`); under torchrun or Slurm, chunk `k` goes to rank
+`k % world_size` and rank 0 gathers the scores (the arrays themselves, so the result is bit-identical to one
+process). Within a chunk the photos of each batch are decoded once and scored under every
 condition and the text-only control; a photo that fails to decode is listed and scored like the control.
 The result folder has the zoo path's layout: `cvqa_results.json`, `predictions_<condition>.csv`,
 `submission_<condition>.csv`, tables, plot.
@@ -23,7 +26,6 @@ from volta_ml.atomic import atomic_write_json
 from volta_ml.options import complete_options
 
 from .backends import build_scorer
-from .chunks import ChunkStore
 from .data import HIDDEN_LABEL, CVQADataset, load_cvqa
 from .prompts import CONDITIONS, parse_condition
 from .report import accuracy_summary, en_loc_gap, plot_pairs, write_predictions, write_submission, write_tables
@@ -33,15 +35,20 @@ DEFAULTS = {
     "revision": None, "conditions": list(CONDITIONS), "template": None, "rule": "letter", "model": None,
     "model_revision": None, "image_model": None, "dtype": "fp32", "device": "auto", "device_map": None,
     "batch_size": 8, "chunk_size": 256, "text_only": True, "limit": None, "progress": True, "predictions": None,
-    "max_side": None, "max_pixels": None,
+    "max_side": None, "max_pixels": None, "allow_missing_keys": False,
 }
 REQUIRED = ("data", "backend", "output_dir")
+# What a resumed run must match (anything else, e.g. batch size or device, may change); the model's and the
+# data's contents are added by `resume_fingerprint`.
+RESUME_KEYS = ("backend", "model", "model_revision", "rule", "dtype", "template", "prompts_version",
+               "chunk_size", "max_side", "max_pixels")
 
 
 def run_backend(args_dict: dict) -> str | None:
     """Score CVQA with one backend and write every result file; returns the path of `cvqa_results.json` (None on
     ranks other than 0). Keys: `DEFAULTS` and `REQUIRED`; `batch_size` counts questions per forward,
     `chunk_size` questions per resumable chunk."""
+    from volta_ml.engine.chunks import ChunkStore
     from volta_ml.engine.distributed import init_distributed, shutdown
     from volta_ml.features.images import DEFAULT_MAX_PIXELS
 
@@ -64,8 +71,7 @@ def run_backend(args_dict: dict) -> str | None:
             passes += [(c, True) for c in args["conditions"]]
         header = _header(args, dataset, scorer)
         out_dir = Path(args["output_dir"])
-        store = ChunkStore(out_dir / "chunks", {**header, "data_revision": dataset.revision,
-                                                "questions_sha1": _questions_sha1(dataset)}, write=info.is_main)
+        store = ChunkStore(out_dir / "chunks", resume_fingerprint(header, dataset, args), info, on_mismatch="refuse")
         started = time.time()
         scores, failures, timing = score_passes(scorer, dataset, passes, store, info, args)
         if not info.is_main:
@@ -85,7 +91,7 @@ def pass_name(condition: str, blind: bool) -> str:
     return f"{condition}.blind" if blind else condition
 
 
-def score_passes(scorer, dataset: CVQADataset, passes, store: ChunkStore, info, args: dict):
+def score_passes(scorer, dataset: CVQADataset, passes, store, info, args: dict):
     """({pass name: {name: [N, 4]}}, {image id: decode error}, {pass name: timing}) on rank 0; on other ranks the
     first two are empty. Each rank scores its chunks (skipping those already saved) and rank 0 gathers them."""
     from volta_ml.engine.distributed import gather_objects
@@ -103,14 +109,14 @@ def score_passes(scorer, dataset: CVQADataset, passes, store: ChunkStore, info, 
         chunk = questions[start:start + chunk_size]
         todo = []
         for (condition, blind), name in zip(passes, names):
-            saved = store.load(name, start, len(chunk))
+            saved = store.load(f"{name}/{start:08d}", len(chunk))
             if saved is None:
                 todo.append((condition, blind, name))
             else:
                 local[name, start] = saved
                 bar.update(len(chunk))
         need_photos = scorer.needs_images and any(not blind for _, blind, _ in todo)
-        chunk_failures = {} if need_photos else (store.load_failures(start) or {})
+        chunk_failures = {} if need_photos else (store.load_json(f"photos/{start:08d}") or {})
         parts: dict[str, list[dict]] = {name: [] for *_, name in todo}
         for batch, photos, failed in photo_batches(dataset, chunk, int(args["batch_size"]), need_photos, args):
             chunk_failures.update(failed)
@@ -121,10 +127,10 @@ def score_passes(scorer, dataset: CVQADataset, passes, store: ChunkStore, info, 
                 computed[name] += len(batch)
                 bar.update(len(batch))
         if need_photos:
-            store.save_failures(start, chunk_failures)
+            store.save_json(f"photos/{start:08d}", chunk_failures)
         for name, pieces in parts.items():
             arrays = {key: np.concatenate([p[key] for p in pieces]) for key in pieces[0]}
-            store.save(name, start, arrays)
+            store.save(f"{name}/{start:08d}", arrays)
             local[name, start] = arrays
         failures.update(chunk_failures)
     bar.close()
@@ -188,8 +194,18 @@ def decode_photo(data: bytes, image_id: str, args: dict, failed: dict):
         return None
 
 
-def _questions_sha1(dataset: CVQADataset) -> str:
-    return hashlib.sha1("\n".join(q.id for q in dataset.questions).encode()).hexdigest()
+def resume_fingerprint(header: dict, dataset: CVQADataset, args: dict) -> dict:
+    """What the saved chunks must have been scored with: the settings of `RESUME_KEYS`, the model's content
+    (weights, config, tokenizer: `digest.content_fingerprint`; the image tower too for mclip; the files of
+    `--predictions` for import) and the data (revision, question list, shard contents)."""
+    from volta_ml.digest import content_fingerprint
+
+    models = {"model": (args["model"], args["model_revision"]), "image_model": (args["image_model"], None)}
+    return {"format": 2, **{k: header.get(k) for k in RESUME_KEYS}, "data_revision": dataset.revision,
+            "questions_sha1": hashlib.sha1("\n".join(q.id for q in dataset.questions).encode()).hexdigest(),
+            **{f"{key}_content": content_fingerprint(name, revision) for key, (name, revision) in models.items()
+               if name},
+            "data_content": {s.name: content_fingerprint(str(s))["."] for s in dataset.shards}}
 
 
 def _header(args: dict, dataset: CVQADataset, scorer) -> dict:
@@ -209,15 +225,19 @@ def _write_results(args, dataset, scorer, header, scores, failures, timing, out_
     for condition in args["conditions"]:
         arrays = scores[condition]
         predictions = predict(arrays["score"])
+        blind = scores.get(pass_name(condition, True))
+        per_question = {k: v for k, v in arrays.items() if k != "score"}     # the rule's variants
+        for key, values in (blind or {}).items():                            # the text-only control
+            per_question["text_only" if key == "score" else f"text_only_{key}"] = values
         write_predictions(out_dir / f"predictions_{condition}.csv", questions, predictions,
-                          arrays["score"] if scorer.needs_images else None, condition, dataset.revision)
+                          arrays["score"] if scorer.needs_images else None, condition, dataset.revision,
+                          per_question)
         write_submission(out_dir / f"submission_{condition}.csv", questions, predictions)
         files += [f"predictions_{condition}.csv", f"submission_{condition}.csv"]
         results["runs"][condition] = accuracy_summary(questions, predictions)
         for variant in (k for k in arrays if k != "score"):   # the rule's variants: summaries (docs/cvqa.md)
             results["variants"].setdefault(variant, {})[condition] = accuracy_summary(questions,
                                                                                       predict(arrays[variant]))
-        blind = scores.get(pass_name(condition, True))
         if blind is not None:
             results["text_only"][condition] = accuracy_summary(questions, predict(blind["score"]))
     results["en_loc_gap"] = en_loc_gap(results["runs"])

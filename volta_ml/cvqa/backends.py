@@ -56,9 +56,14 @@ class CVQAScorer(Protocol):
         """{"score": [N, 4] float64, optional variants}: higher = better option."""
 
 
-def _spec_header(spec) -> dict:
+def _spec_header(backend) -> dict:
+    """The model's settings, and `loading_report`: the tensors its weights lacked or added, accepted by
+    --allow-missing-keys (empty for a complete checkpoint; an incomplete one is refused without the flag)."""
+    from volta_ml.hf.loading import loading_report
+
+    spec = backend.spec
     return {"model": spec.model, "model_revision": spec.revision, "dtype": spec.dtype,
-            "device_map": spec.device_map}
+            "device_map": spec.device_map, "loading_report": loading_report(backend)}
 
 
 class DualEncoderScorer:
@@ -72,7 +77,7 @@ class DualEncoderScorer:
         self._blank: torch.Tensor | None = None
 
     def header(self) -> dict:
-        return {**_spec_header(self.encoder.spec), "rule": None, "template": self.template,
+        return {**_spec_header(self.encoder), "rule": None, "template": self.template,
                 "prompts_version": PROMPTS_VERSION, "score_convention": "cosine(image, question + option)"}
 
     def rendered_prompt(self, question: CVQAQuestion, condition: str) -> str:
@@ -108,7 +113,7 @@ class GenerativeScorer:
     def header(self) -> dict:
         convention = ("next-token logit of the option letter" if self.rule == "letter" else
                       "total log-probability of the option text (variant length_normalised: per token)")
-        return {**_spec_header(self.model.spec), "rule": self.rule, "template": self.rule,
+        return {**_spec_header(self.model), "rule": self.rule, "template": self.rule,
                 "prompts_version": GENERATIVE_PROMPTS_VERSION, "score_convention": convention}
 
     def rendered_prompt(self, question: CVQAQuestion, condition: str) -> str:
@@ -246,5 +251,6 @@ def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> 
 
     extra = {"image_model": args["image_model"]} if args.get("image_model") else {}
     spec = ModelSpec(model=args["model"], revision=args["model_revision"], dtype=args["dtype"], device=device,
-                     device_map=args["device_map"], extra=extra)
+                     device_map=args["device_map"], extra=extra,
+                     allow_missing_keys=bool(args.get("allow_missing_keys")))
     return BUILDERS[backend](load_backend(backend, spec), args)

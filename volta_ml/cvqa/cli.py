@@ -55,6 +55,9 @@ def register(subparsers) -> None:
     hf.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="fp32")
     hf.add_argument("--device-map", dest="device_map", choices=("auto",), default=None,
                     help="accelerate spreads a model larger than one GPU (then --device is ignored)")
+    hf.add_argument("--allow-missing-keys", "--allow_missing_keys", dest="allow_missing_keys", action="store_true",
+                    help="score weights that miss (or add) tensors of the architecture instead of refusing them; "
+                    "the keys are recorded in cvqa_results.json (loading_report)")
     hf.add_argument("--rule", choices=RULES, default="letter", help="mllm: letter = argmax of the next-token "
                     "logits of A-D with lettered options; open = log-probability of each option's full text")
     hf.add_argument("--chunk-size", dest="chunk_size", type=int, default=256,
@@ -157,7 +160,7 @@ def _run_backend(args) -> str | None:
 
     keys = ("data", "backend", "revision", "conditions", "template", "rule", "model", "model_revision",
             "image_model", "dtype", "device", "device_map", "chunk_size", "text_only", "limit", "output_dir",
-            "progress", "predictions", "max_side", "max_pixels")
+            "progress", "predictions", "max_side", "max_pixels", "allow_missing_keys")
     return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8})
 
 

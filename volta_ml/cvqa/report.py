@@ -78,17 +78,21 @@ def en_loc_gap(summaries: dict[str, dict]) -> dict:
 
 
 def write_predictions(path: str | Path, questions: list[CVQAQuestion], predictions, scores, condition: str,
-                      revision: str) -> Path:
+                      revision: str, extra_scores: dict | None = None) -> Path:
     """`predictions_<condition>.csv`: one row per question with its prediction, label, groups, the four option
     scores at full precision (shortest round-trip repr: ties are real ties) and the English question (for the
-    question-type breakdown). `scores` may be None (imported predictions): the score cells stay empty."""
+    question-type breakdown). `scores` may be None (imported predictions): the score cells stay empty.
+    `extra_scores` {name: [N, 4]} adds columns `<name>_0..<name>_3` after those, e.g. the open rule's
+    `length_normalised` and the text-only control's `text_only` scores of each question."""
+    extra_scores = extra_scores or {}
     with atomic_open(path, "w", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(PREDICTION_COLUMNS)
+        writer.writerow(PREDICTION_COLUMNS + [f"{name}_{k}" for name in extra_scores for k in range(4)])
         for i, (q, pred) in enumerate(zip(questions, predictions)):
             row_scores = [repr(float(s)) for s in scores[i]] if scores is not None else [""] * 4
             writer.writerow([q.id, int(pred), q.label, q.pair, q.category, q.image_type] + row_scores
-                            + [condition, revision, q.question_en])
+                            + [condition, revision, q.question_en]
+                            + [repr(float(s)) for values in extra_scores.values() for s in values[i]])
     return Path(path)
 
 

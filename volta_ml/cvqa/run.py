@@ -87,14 +87,16 @@ def run_cvqa(args_dict: dict) -> str:
         seconds = time.time() - condition_start
         results["timing"][condition] = {"seconds": round(seconds, 3),
                                         "questions_per_second": round(len(dataset.questions) / max(seconds, 1e-9), 2)}
-        write_predictions(out_dir / f"predictions_{condition}.csv", dataset.questions, scored.predictions,
-                          scored.scores, scored.condition, dataset.revision)
-        write_submission(out_dir / f"submission_{condition}.csv", dataset.questions, scored.predictions)
-        results["runs"][condition] = accuracy_summary(dataset.questions, scored.predictions)
-        results["text_stats"][condition] = _text_stats(dataset, scored.texts)
+        per_question = {}
         if args["text_only"]:
             blind = score_condition(scorer, dataset.questions, condition, tokenizer, view, text_only=True, **common)
             results["text_only"][condition] = accuracy_summary(dataset.questions, blind.predictions)
+            per_question["text_only"] = blind.scores
+        write_predictions(out_dir / f"predictions_{condition}.csv", dataset.questions, scored.predictions,
+                          scored.scores, scored.condition, dataset.revision, per_question)
+        write_submission(out_dir / f"submission_{condition}.csv", dataset.questions, scored.predictions)
+        results["runs"][condition] = accuracy_summary(dataset.questions, scored.predictions)
+        results["text_stats"][condition] = _text_stats(dataset, scored.texts)
         _save_json(out_dir / "cvqa_results.json", results)   # after every condition: nothing lost on a crash
     results["seconds"] = round(time.time() - started, 3)   # all conditions, text-only passes included
     results["en_loc_gap"] = en_loc_gap(results["runs"])

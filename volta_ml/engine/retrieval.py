@@ -2,8 +2,9 @@
 
 The matrix is cut into chunks of `captions_per_chunk` captions x all images. Rank r of R computes chunks
 r, r+R, ...; each finished chunk is written atomically to `<work_dir>/chunk_<k>.npz` (float32 or float16) and
-skipped when a restarted run (any number of ranks) finds it, provided the run's fingerprint (checkpoint,
-annotation file, features, flags that change scores) matches `<work_dir>/manifest.json`. At the end every
+skipped when a restarted run (any number of ranks) finds it, provided the run's fingerprint (the checkpoint's
+content, annotation file, features, flags that change scores) matches `<work_dir>/manifest.json`; otherwise the
+saved chunks are recomputed (`engine/chunks.ChunkStore`, policy "recompute"). At the end every
 rank's chunks are gathered, so all ranks hold the matrix a single process computes, bit for bit: chunks
 and the batches inside them do not depend on the number of ranks.
 
@@ -14,90 +15,16 @@ cheap order. Numbers from this mode are not comparable to IGLUE's and are report
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from volta_ml.atomic import atomic_open, atomic_write_json
-from volta_ml.engine.distributed import DistInfo, barrier, gather_objects
+from volta_ml.atomic import atomic_open
+from volta_ml.engine.chunks import ChunkPlan, ChunkStore, chunk_name
+from volta_ml.engine.distributed import DistInfo, gather_objects
 from volta_ml.engine.retrieval_scorer import IMAGE_KEYS, PairScorer
-
-MANIFEST = "manifest.json"
-
-
-@dataclass
-class ChunkPlan:
-    n_captions: int
-    n_images: int
-    captions_per_chunk: int = 64
-
-    @property
-    def n_chunks(self) -> int:
-        return -(-self.n_captions // self.captions_per_chunk)
-
-    def rows(self, chunk: int) -> range:
-        start = chunk * self.captions_per_chunk
-        return range(start, min(start + self.captions_per_chunk, self.n_captions))
-
-    def owned(self, info: DistInfo) -> list[int]:
-        return list(range(info.rank, self.n_chunks, info.world_size))
-
-
-class ChunkStore:
-    """Finished chunks on disk, valid only for one fingerprint."""
-
-    def __init__(self, work_dir: str, fingerprint: dict, info: DistInfo):
-        self.work_dir = work_dir
-        if info.is_main:
-            os.makedirs(work_dir, exist_ok=True)
-            manifest = os.path.join(work_dir, MANIFEST)
-            old = _read_json(manifest)
-            if old != fingerprint:
-                if old is not None:
-                    print(f"{work_dir}: saved chunks belong to another run ({_diff(old, fingerprint)}); "
-                          "recomputing", file=sys.stderr)
-                for name in os.listdir(work_dir):
-                    if name.startswith("chunk_"):
-                        os.unlink(os.path.join(work_dir, name))
-                atomic_write_json(manifest, fingerprint, indent=1)
-        barrier(info)
-        # A rank on a node that does not share rank 0's filesystem sees no (or another) manifest: it never
-        # reuses what it finds there, but still saves its chunks.
-        os.makedirs(work_dir, exist_ok=True)
-        self.reusable = _read_json(os.path.join(work_dir, MANIFEST)) == fingerprint
-
-    def path(self, chunk: int) -> str:
-        return os.path.join(self.work_dir, f"chunk_{chunk:06d}.npz")
-
-    def load(self, chunk: int):
-        path = self.path(chunk)
-        if not self.reusable or not os.path.exists(path):
-            return None
-        with np.load(path) as data:
-            return {k: data[k] for k in data.files}
-
-    def save(self, chunk: int, arrays: dict) -> None:
-        with atomic_open(self.path(chunk)) as handle:
-            np.savez(handle, **arrays)
-
-
-def _read_json(path: str):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
-
-
-def _diff(old: dict, new: dict) -> str:
-    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    return "differs in " + ", ".join(keys)
-
 
 def save_array(path: str, array: np.ndarray) -> None:
     """`np.save`, atomically: a crash leaves the old file or none, never a truncated one."""
@@ -181,7 +108,7 @@ def compute_score_matrix(model, captions: dict, gallery: dict, *, task_id: str |
     plan = ChunkPlan(n_captions, n_images, captions_per_chunk)
     store = ChunkStore(work_dir, fingerprint or {}, info) if work_dir else None
     owned = plan.owned(info)
-    results = {c: store.load(c) for c in owned} if store else {}
+    results = {c: store.load(chunk_name(c), len(plan.rows(c))) for c in owned} if store else {}
     todo = [c for c in owned if results.get(c) is None]
     if store and len(todo) < len(owned):
         label = f"rank {info.rank}: " if info.world_size > 1 else ""
@@ -204,7 +131,7 @@ def compute_score_matrix(model, captions: dict, gallery: dict, *, task_id: str |
                 results[chunk] = _chunk_scores(scorer, cheap_scorer, captions, plan.rows(chunk), n_images,
                                                shortlist, pair_batch, dtype, bar)
                 if store:
-                    store.save(chunk, results[chunk])
+                    store.save(chunk_name(chunk), results[chunk])
                 if after_chunk is not None:
                     after_chunk(chunk)
 

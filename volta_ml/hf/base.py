@@ -45,6 +45,7 @@ class ModelSpec:
     device: str = "cpu"             # "cpu", "cuda", "cuda:1"; ignored when device_map is set
     device_map: str | None = None   # "auto": accelerate spreads a model larger than one GPU
     extra: dict = field(default_factory=dict)  # backend-specific options (e.g. M-CLIP's image tower)
+    allow_missing_keys: bool = False  # load weights that miss / add tensors (recorded; otherwise refused)
 
 
 @runtime_checkable

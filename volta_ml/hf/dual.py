@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .base import ModelSpec
-from .loading import (ModelLoadError, blank_image, float_dtype, input_device, load_model, load_processor,
-                      one_line, read_config, source, torch_dtype)
+from .loading import (ModelLoadError, blank_image, check_weights, float_dtype, input_device, load_model,
+                      load_processor, one_line, read_config, source, torch_dtype)
 
 
 def _features(out) -> torch.Tensor:
@@ -125,15 +125,18 @@ class MClipBackend(_Embedder):
             raise ModelLoadError(f"{spec.model}: cannot read the XLM-R config of modelBase {base!r} ({e})") from None
         state = _load_state(spec)
         text, linear = XLMRobertaModel(xcfg), torch.nn.Linear(int(cfg["transformerDimensions"]), int(cfg["numDims"]))
+        report = {"missing_keys": [], "unexpected_keys": [k for k in state
+                                                          if not k.startswith(("transformer.", "LinearTransformation."))]}
         for module, prefix in ((text, "transformer."), (linear, "LinearTransformation.")):
             part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-            missing, _ = module.load_state_dict(part, strict=False)
-            missing = [k for k in missing if not k.startswith("pooler.")]   # the package never uses the pooler
-            if missing:
-                raise ModelLoadError(f"{spec.model}: weights lack {prefix}{missing[0]} ({len(missing)} missing)")
+            missing, unexpected = module.load_state_dict(part, strict=False)
+            report["missing_keys"] += [prefix + k for k in missing if not k.startswith("pooler.")]   # never used
+            report["unexpected_keys"] += [prefix + k for k in unexpected]
+        text.volta_loading_report = check_weights(spec, report, "M-CLIP's text tower")
         dt = torch_dtype(spec)
         image_spec = ModelSpec(spec.extra.get("image_model", "openai/clip-vit-base-patch32"),
-                               spec.extra.get("image_revision"), spec.dtype, spec.device, spec.device_map)
+                               spec.extra.get("image_revision"), spec.dtype, spec.device, spec.device_map,
+                               allow_missing_keys=spec.allow_missing_keys)
         return {"text": text.to(spec.device, dt).eval(), "linear": linear.to(spec.device, dt).eval(),
                 "tokenizer": load_processor(AutoTokenizer, spec),
                 "vision": load_model(AutoModel, image_spec, "M-CLIP's CLIP image tower"),

@@ -2,6 +2,11 @@
 
 Nothing here downloads on its own: a hub id goes to `from_pretrained` (which uses the local HF cache and the
 hub as the user configured it); tests pass local folders only. Every failure is one line naming the model.
+
+Weights are loaded with transformers' loading report: a checkpoint that misses tensors of the architecture
+(they would be randomly initialised), has tensors it does not use, or has tensors of another shape is refused
+with one line naming the first few keys and the counts, unless `spec.allow_missing_keys`; then the model
+carries the report (`volta_loading_report`), which `loading_report(backend)` collects for the result files.
 """
 from __future__ import annotations
 
@@ -68,18 +73,45 @@ def one_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
+REPORT_KEYS = ("missing_keys", "unexpected_keys", "mismatched_keys")
+SHOWN_KEYS = 3            # keys named per kind in the one-line refusal
+
+
+def check_weights(spec: ModelSpec, report: dict, what: str) -> dict:
+    """The non-empty kinds of `report` ({missing_keys: [...], ...}); refused unless `spec.allow_missing_keys`."""
+    found = {kind: sorted(str(k) if not isinstance(k, tuple) else str(k[0]) for k in report.get(kind) or ())
+             for kind in REPORT_KEYS}
+    found = {kind: keys for kind, keys in found.items() if keys}
+    if found and not spec.allow_missing_keys:
+        parts = []
+        for kind, keys in found.items():
+            more = f", ... {len(keys) - SHOWN_KEYS} more" if len(keys) > SHOWN_KEYS else ""
+            parts.append(f"{len(keys)} {kind.replace('_keys', '')} ({', '.join(keys[:SHOWN_KEYS])}{more})")
+        raise ModelLoadError(f"{spec.model}: the weights do not match {what}: {'; '.join(parts)}; missing tensors "
+                             "would be randomly initialised (--allow_missing_keys scores anyway and records them)")
+    return found
+
+
+def loading_report(backend) -> dict:
+    """{attribute: {missing_keys: [...], ...}} of the backend's models loaded with accepted mismatches."""
+    return {name: value.volta_loading_report for name, value in sorted(vars(backend).items())
+            if isinstance(value, torch.nn.Module) and getattr(value, "volta_loading_report", None)}
+
+
 def load_model(auto_cls, spec: ModelSpec, what: str, **kwargs):
-    """`auto_cls.from_pretrained` with the spec's revision, dtype and device / device_map; eval mode."""
+    """`auto_cls.from_pretrained` with the spec's revision, dtype and device / device_map; eval mode. The loading
+    report is checked (`check_weights`) and kept on the model as `volta_loading_report`."""
     src = source(spec)
-    kwargs = dict(revision=spec.revision, dtype=torch_dtype(spec), **kwargs)
+    kwargs = dict(revision=spec.revision, dtype=torch_dtype(spec), output_loading_info=True, **kwargs)
     if spec.device_map:
         kwargs["device_map"] = spec.device_map          # accelerate places the layers (models > one GPU)
     try:
-        model = auto_cls.from_pretrained(src, **kwargs)
+        model, report = auto_cls.from_pretrained(src, **kwargs)
     except (ValueError, KeyError) as e:
         raise ModelLoadError(f"{spec.model}: unknown or unsupported architecture for {what} ({one_line(e)})") from None
     except (OSError, SafetensorError) as e:   # SafetensorError: a truncated or damaged weights file
         raise ModelLoadError(f"{spec.model}: cannot load {what} ({one_line(e)})") from None
+    model.volta_loading_report = check_weights(spec, report, what)
     if not spec.device_map:
         model = model.to(spec.device)
     return model.eval()

@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 
 from volta_ml.atomic import atomic_write_json
+from volta_ml.digest import content_fingerprint, file_digest, stat_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
+from volta_ml.hf.loading import loading_report
 from volta_ml.options import complete_options
-from volta_ml.digest import file_digest
 from volta_ml.protocols.iglue import TASKS
 
 from .data import image_refs, read_task
@@ -37,7 +38,7 @@ DEFAULTS = {"rule": None, "annotations": None, "data_root": None, "image_templat
             "chunk_size": 64, "max_new_tokens": 10, "marvl_layout": "auto", "name": None, "revision": None,
             "dtype": "fp32", "device": "cpu", "device_map": None, "work_dir": None, "no_resume": False,
             "keep_chunks": False, "record": True, "progress": True, "vocabulary": None, "local_rank": -1,
-            "extra": None}
+            "extra": None, "allow_missing_keys": False}
 REQUIRED = ("task", "backend", "model", "lang", "protocol", "images", "output_dir")
 
 
@@ -60,7 +61,8 @@ def load_backend(kind: str, model: str, options: dict):
 
     return load(kind, ModelSpec(model=model, revision=options["revision"], dtype=options["dtype"],
                                 device=options["device"], device_map=options["device_map"],
-                                extra=dict(options["extra"] or {})))
+                                extra=dict(options["extra"] or {}),
+                                allow_missing_keys=bool(options["allow_missing_keys"])))
 
 
 def run_iglue_hf(options: dict, backend=None) -> dict | None:
@@ -80,11 +82,13 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
     out_dir = Path(opts["output_dir"])
     split = f"test_{lang}" + ("_mt" if protocol == "translate-test" else "")
     work_dir = opts["work_dir"] or str(out_dir / f"{split}_chunks")
-    fingerprint = {"format": 1, "task": task, "rule": rule, "annotations": file_digest(annotation),
+    fingerprint = {"format": 2, "task": task, "rule": rule, "annotations": file_digest(annotation),
                    "images": os.path.abspath(opts["images"]), "template": source.template,
+                   "images_stat": stat_digest([source.path(r) for r in dict.fromkeys(image_refs(data))],
+                                              opts["images"]),
                    "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
                    "backend": opts["backend"], "prompts": PROMPTS_VERSION, "batch_size": opts["batch_size"],
-                   "extra": opts["extra"] or {}}
+                   "extra": opts["extra"] or {}, **model_contents(opts)}
     info = init_distributed(opts["local_rank"], None if opts["device_map"] else opts["device"])
     try:
         if backend is None:       # each rank on its own device (cuda:<local rank> under torchrun / srun)
@@ -116,6 +120,9 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
             "image_root": str(opts["images"]), "image_template": source.template, "split": split,
             "world_size": info.world_size, "seconds": round(seconds, 3), **result,
         }
+        accepted = loading_report(backend)
+        if accepted:      # --allow_missing_keys: what the weights lacked or added
+            results["loading_report"] = accepted
         results["examples_per_second"] = round(results["n_examples"] / max(seconds, 1e-9), 3)
         atomic_write_json(out_dir / "iglue_hf_results.json", results, indent=1, ensure_ascii=False)
         if opts["record"]:
@@ -131,6 +138,16 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         return results
     finally:
         shutdown(info)
+
+
+def model_contents(opts: dict) -> dict:
+    """The resume key of the model: its files' sizes and hashes (local folder) or resolved commit (hub id), and
+    the same for M-CLIP's image tower (`extra.image_model`): new weights at the same path are never mixed in."""
+    extra = opts["extra"] or {}
+    out = {"model_content": content_fingerprint(opts["model"], opts["revision"])}
+    if extra.get("image_model"):
+        out["image_model_content"] = content_fingerprint(extra["image_model"], extra.get("image_revision"))
+    return out
 
 
 def _model_name(model: str) -> str:

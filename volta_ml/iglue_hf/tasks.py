@@ -12,13 +12,13 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from volta_ml.engine.retrieval import save_array
 from volta_ml.atomic import atomic_open, atomic_write_json
+from volta_ml.engine.chunks import map_chunks
+from volta_ml.engine.retrieval import save_array
 from volta_ml.hf.base import DualEncoder, Generative
 from volta_ml.protocols.iglue import TASKS
 from volta_ml.tasks.retrieval_metrics import top_images
 
-from .chunks import map_chunks
 from .images import side_by_side
 from .kinds import NEEDS
 from .prompts import user_turn
@@ -116,7 +116,7 @@ def log_score(task: str, score: float) -> None:
 
 # --- dual encoders: xFlickr&CO, WIT ----------------------------------------------------------------------------
 def run_retrieval(backend, data, source, *, info, work_dir, fingerprint, opts, out_dir, split):
-    from volta_ml.cli.eval_retrieval import print_report
+    from volta_ml.engine.retrieval_job import print_report
 
     batch = max(1, opts["batch_size"])
 

@@ -41,7 +41,7 @@ class Cell:
     shot: str | None = None
     lr: str | None = None
     seed: int | None = None
-    scorer: str = "eval_task"       # how result metrics are read: eval_task | gqa | retrieval | train | select
+    scorer: str = "eval_task"       # how result metrics are read: eval_task | gqa | retrieval | iglue_hf | train | select
     dir: str = ""                   # absolute cell directory
     commands: list[Command] = field(default_factory=list)
     depends_on: list[str] = field(default_factory=list)   # cell ids that must be finished first

@@ -9,7 +9,9 @@ Per task (and per retrieval direction), files named like IGLUE's `results/<task>
   missing score shows as "–" and makes the average "–" rather than a misleading number.
 - `<Title>_summary.*`: zero-shot / translate-test / few-shot averages side by side, with the few-shot AUC.
 - `<Title>_fewshot_auc.*`: AUC per model and language.
-Scores of several seeds are averaged.
+Scores of several seeds are averaged. Scores of different scoring rules never are: a model with records of more
+than one rule for a task (e.g. `volta-ml iglue-hf` XVNLI runs with `--rule letter` and `--rule likelihood`,
+both named after the model folder) gets one row per rule, `<model> (<rule>)`.
 """
 from __future__ import annotations
 
@@ -117,10 +119,20 @@ def latex(header: list[str], rows: list[list[str]], caption: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def aggregate(records: list[dict]) -> dict:
-    """(protocol, task, metric, shot) -> model -> lang -> mean score over seeds."""
-    sums: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+def row_names(records: list[dict]) -> list[str]:
+    """Each record's row: its model, or `<model> (<rule>)` when the model has records of several scoring rules
+    for the record's task (their scores must not be averaged as if they were seeds)."""
+    rules: dict = defaultdict(set)
     for r in records:
+        rules[(r.get("task"), r.get("model"))].add(r.get("rule"))
+    return [r["model"] if len(rules[(r.get("task"), r.get("model"))]) == 1
+            else f"{r['model']} ({r.get('rule') or 'default'})" for r in records]
+
+
+def aggregate(records: list[dict]) -> dict:
+    """(protocol, task, metric, shot) -> row (model, per rule) -> lang -> mean score over seeds."""
+    sums: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r, row in zip(records, row_names(records)):
         task = r.get("task")
         if task not in TASKS:
             continue
@@ -129,7 +141,7 @@ def aggregate(records: list[dict]) -> dict:
             if value is None:
                 continue
             shot = str(r["shot"]) if r.get("protocol") == "few_shot" else None
-            sums[(r["protocol"], task, metric, shot)][r["model"]][r["lang"]].append(float(value))
+            sums[(r["protocol"], task, metric, shot)][row][r["lang"]].append(float(value))
     return {key: {m: {l: float(np.mean(v)) for l, v in langs.items()} for m, langs in models.items()}
             for key, models in sums.items()}
 

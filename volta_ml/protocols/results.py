@@ -98,11 +98,29 @@ def cvqa_metrics(cell_dir: Path) -> dict:
     return {"score": summary.get("micro"), "macro": summary.get("macro"), "condition": condition}
 
 
+def iglue_hf_metrics(cell_dir: Path) -> dict:
+    """A Hugging Face model's IGLUE cell: the metrics `volta-ml iglue-hf` wrote to `eval/iglue_hf_results.json`,
+    at full precision, so the sweep records the same numbers as a standalone run (not the logs' 3 decimals)."""
+    return dict(iglue_hf_results(cell_dir)["metrics"])
+
+
+def iglue_hf_results(cell_dir: Path) -> dict:
+    path = Path(cell_dir) / "eval" / "iglue_hf_results.json"
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+        return {"metrics": dict(results["metrics"]), "rule": results.get("rule"), "backend": results.get("backend")}
+    except FileNotFoundError:
+        raise LogError(f"{path}: not written (the iglue-hf run did not finish)")
+    except (ValueError, KeyError, TypeError) as error:
+        raise LogError(f"{path}: no 'metrics' ({error})")
+
+
 SCORERS = {  # scorer -> metrics from (stdout log, stderr log, first validation line?)
     "eval_task": lambda out, err, first: eval_task_metrics(err, first=first),
     "gqa": lambda out, err, first: gqa_metrics(out),
     "retrieval": lambda out, err, first: retrieval_metrics(out),
     "cvqa": lambda out, err, first: cvqa_metrics(Path(out).parent),
+    "iglue_hf": lambda out, err, first: iglue_hf_metrics(Path(out).parent),
 }
 
 

@@ -122,7 +122,7 @@ class Planner:
         if model.hf:
             argv = hf_argv(self.grid, model, task, lang, mt, d)
             return self.add(Cell(id=cell_id, stage=stage, protocol=protocol, model=model.name, task=task, lang=lang,
-                                 seed=seed, scorer=spec.scorer, commands=[Command(argv, out, err), self.record(d)],
+                                 seed=seed, scorer="iglue_hf", commands=[Command(argv, out, err), self.record(d)],
                                  depends_on=deps, logs=[out, err], extra=dict(extra or {}, hf=model.hf)))
         argv = (self.grid.commands[kind] + self.model_flags(model) + ["--from_pretrained", checkpoint] +
                 ["--tasks_config_file", self.grid.task_configs_file("test", model), "--task", spec.task_id])

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from .cell import RESULT_FILE, is_done, load_cell, read_result, write_json_atomic
-from .results import LogError, best_validation, scorer_metrics
+from .results import LogError, best_validation, iglue_hf_results, scorer_metrics
 
 
 def link(target: Path, link_path: Path) -> None:
@@ -57,6 +57,8 @@ def record(cell_dir: Path) -> int:
                                      first_validation=(cell.stage == "few_shot_test" and cell.task == "xvnli"))
             checkpoint = cell.extra.get("checkpoint")
             extra = {"metrics": metrics, "checkpoint": os.path.realpath(checkpoint) if checkpoint else None}
+            if cell.scorer == "iglue_hf":      # a Hugging Face model: its rule keeps its own report row
+                extra.update({k: v for k, v in iglue_hf_results(cell_dir).items() if k != "metrics"})
             selection = cell_dir / "selection.json"
             if selection.exists():
                 import json

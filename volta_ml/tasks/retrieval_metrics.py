@@ -4,7 +4,8 @@
   in the descending order of its score row.
 - Text retrieval (TR, image -> text): one query per image; rank = the best (smallest) position of any of
   its gold captions in the descending order of its score column.
-- R@K = 100 * mean(rank < K); medr = floor(median(rank) + 1); meanr = mean(rank) + 1 (ranks are 0-based).
+- R@K = 100 * hits / n, as IGLUE computes it (`100 * mean` would store 57.49999999999999 for 23 of 40 where
+  IGLUE has 57.5); medr = floor(median(rank) + 1); meanr = mean(rank) + 1 (ranks are 0-based).
 - Ties: VOLTA sorts with numpy's unstable quicksort, so tied scores rank arbitrarily. Here ties are broken
   by index (the lower image / caption index first), i.e. a stable descending sort, so results are
   deterministic and independent of how the matrix was computed or sharded.
@@ -65,10 +66,11 @@ def text_retrieval_ranks(scores: np.ndarray, caption_image: np.ndarray, num_imag
 
 def recall_metrics(ranks: np.ndarray) -> dict[str, float]:
     ranks = np.asarray(ranks)
+    n = len(ranks)
     return {
-        "r1": 100.0 * float(np.mean(ranks < 1)),
-        "r5": 100.0 * float(np.mean(ranks < 5)),
-        "r10": 100.0 * float(np.mean(ranks < 10)),
+        "r1": 100.0 * int(np.count_nonzero(ranks < 1)) / n,
+        "r5": 100.0 * int(np.count_nonzero(ranks < 5)) / n,
+        "r10": 100.0 * int(np.count_nonzero(ranks < 10)) / n,
         "medr": float(math.floor(np.median(ranks) + 1)),
         "meanr": float(np.mean(ranks) + 1),
     }
