@@ -78,15 +78,21 @@ LETTER_SPELLINGS = ("natural", "all")
 class Family:
     """The few things that differ between families (keyed by `config.model_type`; default: `Family()`)."""
     needs_image: bool = False        # the processor cannot run without an image: the blind control gets a blank one
-    fallback: str = "image_newline"  # frame without a chat template: "image_newline" (<image>\n per image) | "as_is"
+    fallback: str = "image_newline"  # frame without a chat template: "image_newline" (<image>\n per image),
+    #                                  "image_prefix" (<image> per image, the processor adds BOS), "as_is" (BLIP)
     max_images: int | None = None    # a fixed number of images per prompt (None: spec.extra["max_images"], default 1)
+    frame_end: str = ""              # what the processor appends after the prompt (PaliGemma: "\n")
+    answer_sep: str = " "            # between that and the answer without a chat template (PaliGemma: none)
+    continuation_types: int = 0      # token_type_ids of answer tokens (PaliGemma: 1 = the causal suffix)
 
 
 FAMILIES = {
     "blip-2": Family(needs_image=True, fallback="as_is", max_images=1),
     "instructblip": Family(needs_image=True, fallback="as_is", max_images=1),
-    "paligemma": Family(needs_image=True, fallback="as_is", max_images=1),
+    "paligemma": Family(needs_image=True, fallback="image_prefix", max_images=1, frame_end="\n", answer_sep="",
+                        continuation_types=1),
 }
+NOT_INPUTS = ("labels",)             # processor outputs that the forward takes but that are not inputs (a loss)
 # per-token keys (shape [B, L, ...]) and how a continuation extends them: a fill value, or "last" (repeat the
 # prompt's last position, as Mllama's generate does for cross_attention_mask)
 PER_TOKEN = {"token_type_ids": 0, "mm_token_type_ids": 0, "cross_attention_mask": "last"}
@@ -110,9 +116,9 @@ def _params(fn) -> set[str]:
     return set(inspect.signature(fn).parameters)
 
 
-def _extend(key: str, value: torch.Tensor, width: int) -> torch.Tensor:
+def _extend(key: str, value: torch.Tensor, width: int, family: Family) -> torch.Tensor:
     """`value` [B, L, ...] followed by `width` continuation positions (PER_TOKEN's rule for `key`)."""
-    fill = PER_TOKEN[key]
+    fill = family.continuation_types if key == "token_type_ids" else PER_TOKEN[key]
     if fill == "last":
         tail = value[:, -1:].expand(-1, width, *value.shape[2:])
     else:
@@ -155,9 +161,10 @@ class GenerativeBackend:
         if self.letter_spellings not in LETTER_SPELLINGS:
             raise ValueError(f"letter_spellings {self.letter_spellings!r}: use one of {', '.join(LETTER_SPELLINGS)}")
         use_template = spec.extra.get("chat_template", True) and getattr(self.processor, "chat_template", None)
-        self.prompt_format = "chat_template" if use_template else (
-            "fallback: prompt as is (the processor places the image tokens)" if self.family.fallback == "as_is"
-            else "fallback: <image>\\n per image")
+        self.prompt_format = "chat_template" if use_template else {
+            "as_is": "fallback: prompt as is (the processor places the image tokens)",
+            "image_prefix": "fallback: <image> per image, then the prompt (the processor adds BOS and \\n)",
+            "image_newline": "fallback: <image>\\n per image"}[self.family.fallback]
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else self.tokenizer.eos_token_id
         self.device, self.dtype = input_device(self.model), float_dtype(self.model)
@@ -202,7 +209,8 @@ class GenerativeBackend:
                                                       add_generation_prompt=True, tokenize=False)
         if self.family.fallback == "as_is":
             return prompt
-        return (str(self.processor.image_token) + "\n") * num_images + prompt
+        sep = "\n" if self.family.fallback == "image_newline" else ""
+        return (str(self.processor.image_token) + sep) * num_images + prompt
 
     def _special_tokens(self, text: str) -> bool:
         """Whether tokenising `text` should add the tokenizer's special tokens: not when it already has BOS."""
@@ -242,7 +250,8 @@ class GenerativeBackend:
         if any(imgs):
             kw["images"] = imgs
         enc = self.processor(text=texts, padding=True, return_tensors="pt", **kw)
-        return self._device({k: v for k, v in enc.items() if k in self.forward_keys and torch.is_tensor(v)})
+        return self._device({k: v for k, v in enc.items()
+                             if k in self.forward_keys and k not in NOT_INPUTS and torch.is_tensor(v)})
 
     def _blip_example(self, images, prompt: str) -> dict:
         imgs = self._images(images)
@@ -307,8 +316,8 @@ class GenerativeBackend:
             after = self.processor.apply_chat_template(self._conversation(prompt, 0 if self.blip else n, choice),
                                                        add_generation_prompt=False, tokenize=False)
         else:
-            before = self.render(prompt, 1)
-            after = before + " " + choice
+            before = self.render(prompt, 1) + self.family.frame_end
+            after = before + self.family.answer_sep + choice
         head, full = self._text_ids(before), self._text_ids(after)
         if full[:len(head)] != head or len(full) == len(head):
             return []
@@ -365,6 +374,10 @@ class GenerativeBackend:
             ids = self.tokenizer(continuation, add_special_tokens=False)["input_ids"]
         else:
             text = self.render(prompt, num_images)
+            if self.prompt_format != "chat_template":
+                text += self.family.frame_end
+                if not self.family.answer_sep:
+                    continuation = continuation.lstrip()
             head, full = self._text_ids(text), self._text_ids(text + continuation)
             if full[:len(head)] != head:
                 raise ValueError(f"{self.spec.model}: the prompt's tokens change when {continuation!r} follows it "
@@ -417,7 +430,7 @@ class GenerativeBackend:
         out = {}
         for key in PER_TOKEN:
             if key in batch:
-                full = _extend(key, batch[key], width)
+                full = _extend(key, batch[key], width, self.family)
                 out[key] = full[:, -width:] if only_new else full
         return out
 
