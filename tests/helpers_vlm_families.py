@@ -276,7 +276,98 @@ def build_mllama(out: Path) -> Path:
     return _save(MllamaForConditionalGeneration(cfg), proc, out)
 
 
+# ---- SmolVLM2 (Idefics3's layout, its own processor; needs num2words) ---------------------------------------------
+def build_smolvlm2(out: Path) -> Path:
+    from transformers import (SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMImageProcessor, SmolVLMProcessor,
+                              SmolVLMVideoProcessor)
+    specials = ["<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>",
+                "<global-img>", "<video>"] + TILE_TOKENS
+    tok = _fast(_bytelevel(specials), bos_token="<|im_start|>", eos_token="<end_of_utterance>",
+                pad_token="<|endoftext|>")
+    cfg = SmolVLMConfig(text_config=dict(model_type="llama", **_text(tok)), scale_factor=2,
+                        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=32, patch_size=8),
+                        image_token_id=tok.convert_tokens_to_ids("<image>"))
+    ip = SmolVLMImageProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
+    vp = SmolVLMVideoProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
+    torch.manual_seed(27)
+    proc = SmolVLMProcessor(image_processor=ip, tokenizer=tok, video_processor=vp, image_seq_len=4,
+                            chat_template=IDEFICS3_TEMPLATE)
+    return _save(SmolVLMForConditionalGeneration(cfg), proc, out)
+
+
+# ---- LLaVA-OneVision, InternVL (Qwen2 LMs: byte-level, ChatML) --------------------------------------------------
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{IMAGE}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def build_llava_onevision(out: Path) -> Path:
+    from transformers import (LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
+                              LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor)
+    tok = _fast(_bytelevel(QWEN_SPECIALS + ["<image>", "<video>"]), eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
+    template = CHATML.replace("{IMAGE}", _content("<image>\n"))
+    vision = dict(VISION_SIGLIP)
+    cfg = LlavaOnevisionConfig(vision_config=vision, text_config=dict(model_type="qwen2", **_text(tok)),
+                               image_token_index=tok.convert_tokens_to_ids("<image>"),
+                               video_token_index=tok.convert_tokens_to_ids("<video>"), image_grid_pinpoints=PINPOINTS,
+                               vision_feature_select_strategy="full", vision_feature_layer=-1)
+    ip = LlavaOnevisionImageProcessor(size={"height": 32, "width": 32}, image_grid_pinpoints=PINPOINTS)
+    vp = LlavaOnevisionVideoProcessor(size={"height": 32, "width": 32})
+    torch.manual_seed(28)
+    proc = LlavaOnevisionProcessor(image_processor=ip, tokenizer=tok, video_processor=vp, num_image_tokens=16,
+                                   vision_feature_select_strategy="full", chat_template=template)
+    return _save(LlavaOnevisionForConditionalGeneration(cfg), proc, out)
+
+
+def build_internvl(out: Path) -> Path:
+    from transformers import (GotOcr2ImageProcessor, InternVLConfig, InternVLForConditionalGeneration, InternVLProcessor,
+                              InternVLVideoProcessor)
+    names = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+             "video_token": "<video>"}
+    tok = _fast(_bytelevel(QWEN_SPECIALS + list(names.values())), eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                extra_special_tokens=names)
+    template = CHATML.replace("{IMAGE}", _content("<IMG_CONTEXT>\n"))
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=[32, 32], patch_size=[8, 8])
+    cfg = InternVLConfig(vision_config=vision, text_config=dict(model_type="qwen2", **_text(tok)),
+                         image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"), image_seq_length=4)
+    ip = GotOcr2ImageProcessor(size={"height": 32, "width": 32}, crop_to_patches=True, min_patches=1, max_patches=4)
+    vp = InternVLVideoProcessor(size={"height": 32, "width": 32})
+    torch.manual_seed(29)
+    proc = InternVLProcessor(image_processor=ip, tokenizer=tok, video_processor=vp, image_seq_length=4,
+                             chat_template=template)
+    return _save(InternVLForConditionalGeneration(cfg), proc, out)
+
+
+# ---- Aya Vision (Cohere 2 LM: byte-level, Cohere turn tokens; SigLIP tiles, pixel shuffle) -------------------------
+AYA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|START_OF_TURN_TOKEN|>"
+                "{{ '<|USER_TOKEN|>' if m['role'] == 'user' else '<|CHATBOT_TOKEN|>' }}" + _content("<image>") +
+                "<|END_OF_TURN_TOKEN|>{% endfor %}"
+                "{% if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %}")
+
+
+def build_aya_vision(out: Path) -> Path:
+    from transformers import AyaVisionConfig, AyaVisionForConditionalGeneration, AyaVisionProcessor, GotOcr2ImageProcessor
+    specials = ["<PAD>", "<UNK>", "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|>", "<|USER_TOKEN|>",
+                "<|CHATBOT_TOKEN|>", "<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>",
+                "<|IMG_LINE_BREAK|>", "TILE", "TILE_GLOBAL"]
+    tok = _fast(_bytelevel(specials, bos="<BOS_TOKEN>"), bos_token="<BOS_TOKEN>", eos_token="<|END_OF_TURN_TOKEN|>",
+                pad_token="<PAD>", unk_token="<UNK>")
+    cfg = AyaVisionConfig(vision_config=VISION_SIGLIP, text_config=dict(model_type="cohere2", **_text(tok, head_dim=16)),
+                          downsample_factor=2, image_token_index=tok.convert_tokens_to_ids("<|IMG_PATCH|>"))
+    ip = GotOcr2ImageProcessor(size={"height": 32, "width": 32}, crop_to_patches=True, min_patches=1, max_patches=4)
+    torch.manual_seed(30)
+    proc = AyaVisionProcessor(image_processor=ip, tokenizer=tok, patch_size=8, img_size=32, downsample_factor=2,
+                              chat_template=AYA_TEMPLATE)
+    return _save(AyaVisionForConditionalGeneration(cfg), proc, out)
+
+
 FAMILIES = {
+    "smolvlm2": build_smolvlm2,
+    "llava-onevision": build_llava_onevision,
+    "internvl": build_internvl,
+    "aya-vision": build_aya_vision,
     "idefics3": build_idefics3,
     "llava-next": build_llava_next,
     "mistral3": build_mistral3,
