@@ -58,6 +58,12 @@ def _text(tok, **kw) -> dict:
 
 
 def _save(model, processor, out: Path) -> Path:
+    """Save both; a weight matrix left at zero by the family's init (Gemma 3's image projection) gets random
+    values, so that the image reaches the scores of a random model."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and not p.any():
+                p.normal_(0.0, 0.02)
     out.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(out)
     processor.save_pretrained(out)
@@ -273,7 +279,12 @@ def build_mllama(out: Path) -> Path:
     ip = MllamaImageProcessor(size={"height": 32, "width": 32}, max_image_tiles=2)
     torch.manual_seed(26)
     proc = MllamaProcessor(image_processor=ip, tokenizer=tok, chat_template=LLAMA3_TEMPLATE)
-    return _save(MllamaForConditionalGeneration(cfg), proc, out)
+    model = MllamaForConditionalGeneration(cfg)
+    with torch.no_grad():            # the cross-attention gates start at 0 (tanh(0): the image would not count)
+        for key, p in model.named_parameters():
+            if "cross_attn_attn_gate" in key or "cross_attn_mlp_gate" in key or key.endswith(".gate"):
+                p.fill_(1.0)
+    return _save(model, proc, out)
 
 
 # ---- SmolVLM2 (Idefics3's layout, its own processor; needs num2words) ---------------------------------------------
