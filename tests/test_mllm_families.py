@@ -177,3 +177,14 @@ def test_one_bos_and_the_letter_is_the_templates_answer_token(name, family_root)
         assert (enc["input_ids"][0] == bos).sum().item() <= 1, "double BOS"
     ids = b.choice_ids(LETTERS, PROMPTS[0])
     assert [b.tokenizer.decode(i).strip() for i in ids] == LETTERS and all(len(i) == 1 for i in ids)
+
+
+def test_missing_processor_package_is_one_line(family_root, monkeypatch):
+    """SmolVLM2's processor needs num2words: without it, one line naming the package (not a traceback)."""
+    import transformers.models.smolvlm.processing_smolvlm as smolvlm
+    from volta_ml.hf import ModelLoadError
+    path = build_family("smolvlm2", family_root)
+    monkeypatch.setattr(smolvlm, "num2words", None)
+    with pytest.raises(ModelLoadError, match=r"smolvlm2: its processor needs the Python package 'num2words'") as e:
+        load_backend("mllm", ModelSpec(str(path)))
+    assert "\n" not in str(e.value)
