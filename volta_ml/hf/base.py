@@ -81,5 +81,8 @@ class Generative(Protocol):
         """Greedy answers, special tokens and the prompt stripped."""
 
 
+LETTER_SPELLINGS = ("natural", "all")   # Generative letter rule: the answer token | logsumexp of every spelling
+
+
 class ChoiceTokenError(ValueError):
     """A choice (e.g. the letter "C") is not a single token of this model's tokenizer."""

@@ -64,14 +64,13 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .base import ChoiceTokenError, ModelSpec
+from .base import LETTER_SPELLINGS, ChoiceTokenError, ModelSpec
 from .loading import ModelLoadError, blank_image, float_dtype, input_device, load_model, load_processor
 
 QUERY_PREPENDED = ("Blip2ForConditionalGeneration", "InstructBlipForConditionalGeneration")  # BLIP family
 LM_KEYS = ("input_ids", "attention_mask")
 QFORMER_KEYS = ("qformer_input_ids", "qformer_attention_mask")
 QFORMER_MAX_TXT_LEN = 128          # LAVIS InstructBLIP's `max_txt_len` for the Q-Former's instruction
-LETTER_SPELLINGS = ("natural", "all")
 
 
 @dataclass(frozen=True)
