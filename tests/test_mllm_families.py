@@ -26,7 +26,9 @@ CONTS = [[" a red car", " bird", " a green tree near the river", " dog"], [" ric
          [" true", " false", " neutral", " a small shop"]]
 SIZES = [(40, 30), (64, 48), (30, 70)]
 TOL = 1e-4
-NO_TEMPLATE = ("paligemma",)          # PaliGemma has no chat template: "<image>" + prompt, the processor adds the rest
+NO_TEMPLATE = ("paligemma",)
+# PaliGemma's processor builds its (unused) labels with np.array(..., copy=False) on a list: numpy 2 warns
+pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy:DeprecationWarning")          # PaliGemma has no chat template: "<image>" + prompt, the processor adds the rest
 
 
 @pytest.fixture(scope="session")
@@ -188,3 +190,43 @@ def test_missing_processor_package_is_one_line(family_root, monkeypatch):
     with pytest.raises(ModelLoadError, match=r"smolvlm2: its processor needs the Python package 'num2words'") as e:
         load_backend("mllm", ModelSpec(str(path)))
     assert "\n" not in str(e.value)
+
+
+# ---- through the CLI, default batch size ----------------------------------------------------------------------
+CLI_FAMILIES = ["qwen2-vl", "gemma3", "paligemma", "idefics3", "llava-next", "mistral3", "mllama"]
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    from helpers_cvqa import write_release
+    return write_release(tmp_path_factory.mktemp("cvqa_release"), "latest")
+
+
+@pytest.mark.parametrize("name", CLI_FAMILIES)
+def test_cvqa_cli_default_batch_size_equals_one_question_at_a_time(name, family_root, release, tmp_path):
+    import io
+    import json
+
+    import numpy as np
+    from helpers_cvqa import image_png
+    from PIL import Image
+
+    from volta_ml.cli import main
+    from volta_ml.cvqa.data import load_cvqa
+    from volta_ml.cvqa.prompts import generative_prompt
+
+    out = tmp_path / name
+    assert main(["cvqa", "score", "--backend", "mllm", "--model", str(build_family(name, family_root)),
+                 "--data", str(release), "--output_dir", str(out), "--device", "cpu", "--no-progress",
+                 "--conditions", "en-aware", "--limit", "6"]) == 0          # default --batch_size (8): one batch
+    results = json.loads((out / "cvqa_results.json").read_text())
+    assert results["settings"]["batch_size"] == 8 and results["prompts_version"] == "cvqa-mllm-prompts-v2"
+    chunks = {n: np.concatenate([np.load(p)["score"] for p in sorted((out / "chunks" / n).glob("*.npz"))])
+              for n in ("en-aware", "en-aware.blind")}
+    b = backend(name, family_root)
+    for k, q in enumerate(load_cvqa(release, limit=6).questions):
+        prompt = [generative_prompt(q, "en-aware", "letter")]
+        image = Image.open(io.BytesIO(image_png(q.image_id))).convert("RGB")
+        np.testing.assert_allclose(chunks["en-aware"][k], b.choice_logits([[image]], prompt, LETTERS)[0], atol=TOL)
+        np.testing.assert_allclose(chunks["en-aware.blind"][k], b.choice_logits([[None]], prompt, LETTERS)[0],
+                                   atol=TOL)
