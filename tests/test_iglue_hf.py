@@ -55,7 +55,7 @@ def reference_accuracy(backend, task, rule, examples, source, layout=None, vocab
         images = [source.load(r) for r in e.images]
         if layout == "canvas":
             images = [side_by_side(*images)]
-        prompt = user_turn(task, rule, e, layout)
+        prompt = user_turn(task, rule, e, layout, getattr(backend, "vqa_frame", None))
         if rule == "letter":
             pred = OPTIONS[task][int(backend.choice_logits([images], [prompt], letter_choices(task)).argmax())]
         elif rule == "likelihood":

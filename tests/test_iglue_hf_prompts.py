@@ -34,7 +34,7 @@ SNAPSHOT = {
 
 
 def test_prompt_snapshot():
-    assert PROMPTS_VERSION == "iglue-hf-prompts-v1"
+    assert PROMPTS_VERSION == "iglue-hf-prompts-v2"
     assert {(t, r) for t, r, _ in SNAPSHOT} == set(TEMPLATES)
     for (task, rule, layout), text in SNAPSHOT.items():
         assert user_turn(task, rule, EXAMPLE, layout) == text, (task, rule, layout)
@@ -44,3 +44,11 @@ def test_letters_and_unknown_rule():
     assert letter_choices("xvnli") == ["A", "B", "C"] and letter_choices("marvl") == ["A", "B"]
     with pytest.raises(ValueError, match="no prompt for task 'xvnli' with rule 'generate'; known rules: letter, likelihood"):
         user_turn("xvnli", "generate", EXAMPLE)
+
+
+def test_blip_family_vqa_frame_for_xgqa():
+    """BLIP-2 / InstructBLIP get the frame their papers used for VQA on xGQA; other tasks keep their turn."""
+    assert user_turn("xgqa", "generate", EXAMPLE, vqa_frame="Question: {} Answer:") == "Question: Two dogs play. Answer:"
+    assert user_turn("xgqa", "closed", EXAMPLE, vqa_frame="Question: {} Short answer:") == \
+        "Question: Two dogs play. Short answer:"
+    assert user_turn("xvnli", "letter", EXAMPLE, vqa_frame="Question: {} Answer:") == SNAPSHOT[("xvnli", "letter", None)]

@@ -167,6 +167,9 @@ class GenerativeBackend:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else self.tokenizer.eos_token_id
         self.device, self.dtype = input_device(self.model), float_dtype(self.model)
+        # the short-answer VQA frame of the family's paper (BLIP-2 §4.2; InstructBLIP as BLIP-2 with its LM)
+        self.vqa_frame = None if not self.blip else ("Question: {} Short answer:" if self.encoder_decoder
+                                                      else "Question: {} Answer:")
         self.qformer_max = self._qformer_max()
         self.qformer_truncated = 0
         self._choice_cache: dict[tuple, list[list[int]]] = {}
@@ -264,9 +267,10 @@ class GenerativeBackend:
         if "qformer_input_ids" in items[0]:
             qpad = self.processor.qformer_tokenizer.pad_token_id
             qids = [it["qformer_input_ids"] for it in items]
-            if self.qformer_max is not None:
+            if self.qformer_max is not None:    # as the tokenizer truncates: the closing [SEP] kept
                 self.qformer_truncated += sum(len(q) > self.qformer_max for q in qids)
-                qids = [q[:self.qformer_max] for q in qids]
+                qids = [q if len(q) <= self.qformer_max else torch.cat([q[:self.qformer_max - 1], q[-1:]])
+                        for q in qids]
             batch["qformer_input_ids"] = _pad(qids, qpad, False)
             batch["qformer_attention_mask"] = _pad([it["qformer_attention_mask"][:len(q)]
                                                     for it, q in zip(items, qids)], 0, False)

@@ -64,7 +64,8 @@ def example_images(example, source, layout: str | None) -> list:
 def run_generative(backend, task, rule_name, examples, source, *, info, work_dir, fingerprint, opts, out_dir, split):
     rule = get_rule(task, rule_name)
     layout = marvl_layout(backend, opts["marvl_layout"]) if task == "marvl" else None
-    prompts = [user_turn(task, rule_name, e, layout) for e in examples]
+    frame = getattr(backend, "vqa_frame", None)
+    prompts = [user_turn(task, rule_name, e, layout, frame) for e in examples]
     context = {"max_new_tokens": opts["max_new_tokens"], "vocabulary": opts["vocabulary"]}
     batch = max(1, opts["batch_size"])
 
@@ -96,7 +97,8 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
     return {"metrics": {"score": score}, "n_examples": len(examples), "rule_description": rule.describe,
             "marvl_layout": layout, "first_prompt": prompts[0],
             "first_prompt_rendered": backend.render(prompts[0], n_images),
-            "prompt_format": getattr(backend, "prompt_format", None)}
+            "prompt_format": getattr(backend, "prompt_format", None),
+            "qformer_truncated": getattr(backend, "qformer_truncated", None)}
 
 
 def write_predictions(path, rows: list[dict]) -> None:
