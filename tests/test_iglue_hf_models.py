@@ -114,7 +114,7 @@ def test_dual_encoder_cannot_do_xvnli(world, tmp_path):
 # ---- current families (tests/helpers_vlm_families.py): one per task --------------------------------------------
 @pytest.mark.parametrize("family,task,rule,extra", [
     ("qwen2-vl", "xvnli", "letter", {}), ("idefics3", "marvl", "letter", {"max_images": 2}),
-    ("gemma3", "marvl", "likelihood", {}), ("gemma3", "xgqa", "generate", {}),
+    ("gemma3", "marvl", "likelihood", {}), ("gemma3", "xgqa", "generate", {}), ("qwen2-vl", "xvnli", "generate", {}),
 ])
 def test_current_families_equal_direct_computation(world, tmp_path, family, task, rule, extra):
     lang, protocol = CASES[task]
@@ -132,6 +132,7 @@ def test_current_families_equal_direct_computation(world, tmp_path, family, task
     expected = reference_accuracy(backend, task, rule, examples, source, layout, max_new_tokens=4)
     assert result["metrics"]["score"] == pytest.approx(expected)
     assert result["prompt_format"] == "chat_template"
+    assert ("parse_failure_rate" in result["metrics"]) == (rule == "generate" and task != "xgqa")
     assert result["first_prompt_rendered"] == backend.render(user_turn(task, rule, examples[0], layout),
                                                              2 if layout == "multi" else 1)
 

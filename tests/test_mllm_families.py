@@ -230,3 +230,13 @@ def test_cvqa_cli_default_batch_size_equals_one_question_at_a_time(name, family_
         np.testing.assert_allclose(chunks["en-aware"][k], b.choice_logits([[image]], prompt, LETTERS)[0], atol=TOL)
         np.testing.assert_allclose(chunks["en-aware.blind"][k], b.choice_logits([[None]], prompt, LETTERS)[0],
                                    atol=TOL)
+
+
+def test_parse_choice_letters_and_option_texts():
+    from volta_ml.hf.mllm import parse_choice
+    opts = ["rice", "beans", "red rice", "corn"]
+    assert parse_choice("B", LETTERS, opts) == 1 and parse_choice("(C) because", LETTERS, opts) == 2
+    assert parse_choice("D. corn", LETTERS, opts) == 3 and parse_choice(" a: yes", LETTERS, opts) is None
+    assert parse_choice("Corn.", LETTERS, opts) == 3 and parse_choice("beans", LETTERS, opts) == 1
+    assert parse_choice("it is red rice", LETTERS, opts) is None      # two options inside: ambiguous
+    assert parse_choice("E", LETTERS, opts) is None and parse_choice("", LETTERS, opts) is None

@@ -492,8 +492,10 @@ class GenerativeBackend:
 
     @torch.inference_mode()
     def generate(self, images, prompts, max_new_tokens: int) -> list[str]:
+        if len(images) != len(prompts):
+            raise ValueError(f"{len(images)} image lists for {len(prompts)} prompts")
         answers: list[str] = [""] * len(prompts)
-        for idx in self._groups(images) if len(images) == len(prompts) else [list(range(len(prompts)))]:
+        for idx in self._groups(images):
             batch = self._batch([images[i] for i in idx], [prompts[i] for i in idx])
             out = self.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                                       pad_token_id=self.pad_id)

@@ -7,7 +7,9 @@ of the first example is written into every result file, so what the model saw is
 Rules:
 - `letter`: the options are listed as letters and the next-token logits of the letters decide.
 - `likelihood`: the sum of log-probabilities of each label word as the answer decides.
-- `generate` (xGQA): greedy short answer, normalised and matched exactly against the GQA answer.
+- `generate` (xGQA): greedy short answer, normalised and matched exactly against the GQA answer;
+  (XVNLI, MaRVL): the letter prompt, the greedy answer parsed to a letter or matched to a label word, as
+  generation-based harnesses score multiple choice (the parse-failure rate is reported beside the accuracy).
 - `closed` (xGQA): the GQA answer vocabulary ranked by the likelihood of each answer (for models that ramble).
 - `embedding` (retrieval): no prompt; the caption itself is embedded.
 A backend may carry `vqa_frame`, the frame its family's paper used for short-answer VQA; xGQA's user turn is then
@@ -47,6 +49,8 @@ TEMPLATES = {
         "{layout}\nStatement: {text}\nIs the statement true or false for the two pictures? "
         "Answer with one word: true or false."),
 }
+TEMPLATES[("xvnli", "generate")] = TEMPLATES[("xvnli", "letter")]
+TEMPLATES[("marvl", "generate")] = TEMPLATES[("marvl", "letter")]
 MARVL_LAYOUTS = {
     "canvas": "The image shows two pictures side by side: the left picture and the right picture.",
     "multi": "The first image is the left picture and the second image is the right picture.",

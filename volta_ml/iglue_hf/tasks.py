@@ -21,7 +21,7 @@ from volta_ml.tasks.retrieval_metrics import top_images
 from .chunks import map_chunks
 from .images import side_by_side
 from .kinds import NEEDS
-from .prompts import user_turn
+from .prompts import OPTIONS, user_turn
 from .scoring import accuracy, get_rule
 
 KIND_OF = (("dual encoder", DualEncoder), ("generative", Generative))
@@ -86,6 +86,9 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
     predictions = rule.predict(arrays, context)
     gold = [e.label for e in examples]
     score = accuracy(predictions, gold)
+    metrics = {"score": score}
+    if rule_name == "generate" and task in OPTIONS:          # multiple choice by generation: unparsed answers
+        metrics["parse_failure_rate"] = 100.0 * sum(p == "" for p in predictions) / max(1, len(predictions))
     rows = [{"id": e.id, "line": e.line, "prediction": p, "label": e.label}
             for e, p in zip(examples, predictions)]
     if "answers" in arrays:
@@ -94,7 +97,7 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
     write_predictions(out_dir / "predictions.jsonl", rows)
     log_score(task, score)
     n_images = 1 if layout == "canvas" else len(examples[0].images)   # a MaRVL canvas is one image
-    return {"metrics": {"score": score}, "n_examples": len(examples), "rule_description": rule.describe,
+    return {"metrics": metrics, "n_examples": len(examples), "rule_description": rule.describe,
             "marvl_layout": layout, "first_prompt": prompts[0],
             "first_prompt_rendered": backend.render(prompts[0], n_images),
             "prompt_format": getattr(backend, "prompt_format", None),
