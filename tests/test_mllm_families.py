@@ -240,3 +240,20 @@ def test_parse_choice_letters_and_option_texts():
     assert parse_choice("Corn.", LETTERS, opts) == 3 and parse_choice("beans", LETTERS, opts) == 1
     assert parse_choice("it is red rice", LETTERS, opts) is None      # two options inside: ambiguous
     assert parse_choice("E", LETTERS, opts) is None and parse_choice("", LETTERS, opts) is None
+
+
+def test_open_continuation_is_what_it_adds_after_the_prompt_with_a_legacy_sentencepiece_layout(family_root):
+    """Llama-2's legacy layout (prepend "▁", spaces -> "▁", no pre-tokenizer): " rice" tokenised alone starts
+    with an extra "▁" token; the continuation scored is what it adds after the prompt (#23 item 5)."""
+    from tokenizers import normalizers
+    b = load_backend("mllm", ModelSpec(str(build_family("llava-next", family_root))))
+    tok = b.tokenizer.backend_tokenizer
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.pre_tokenizer = None
+    prompt, cont = PROMPTS[1], " rice and beans"
+    alone = b.tokenizer(cont, add_special_tokens=False)["input_ids"]
+    text = b.render(prompt, 1)
+    head, full = b.tokenizer(text)["input_ids"], b.tokenizer(text + cont)["input_ids"]
+    assert full[:len(head)] == head
+    assert b.continuation_ids(prompt, cont) == full[len(head):] != alone
+    assert b.tokenizer.convert_ids_to_tokens(alone[:1]) == ["▁"]
