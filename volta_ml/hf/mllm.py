@@ -18,8 +18,9 @@ How inputs are built.
 The text is tokenised once, as `processor.apply_chat_template(tokenize=True)` does: the user turn is rendered
 through the chat template; when the rendered text already starts with the tokenizer's BOS, no special tokens are
 added again (no double BOS). Without a chat template (or `spec.extra["chat_template"] = False`) the frame is the
-family's: LLaVA-like `<image>\\n` per image then the prompt; BLIP-family and PaliGemma the prompt as is (their
-processors put the image tokens and BOS in place). `self.prompt_format` says which was used.
+family's (`Family.fallback`): LLaVA-like `<image>\\n` per image then the prompt; PaliGemma `<image>` per image
+then the prompt (its processor adds BOS and the closing newline); BLIP family the prompt as is (its processor
+prepends the query tokens). `self.prompt_format` says which was used.
 
 Positions. The model computes its own positions unless the backend must supply them:
 - `mrope` (Qwen-VL: the model has `get_rope_index`): never passed for the prompt (the model builds the 3-D
@@ -29,7 +30,7 @@ Positions. The model computes its own positions unless the backend must supply t
   (cumsum of the attention mask - 1), as `generate` computes them for left padding.
 - encoder-decoder LMs: none (relative attention).
 KV-cache continuations carry what `generate` carries: `cross_attention_mask` (Mllama: the prompt's last row
-repeated), `token_type_ids` / `mm_token_type_ids` (0 = text) over the continuation.
+repeated), `token_type_ids` / `mm_token_type_ids` over the continuation (0 = text; PaliGemma 1 = causal suffix).
 
 Blind control (`None` images): families whose processor runs without an image get none (a text-only prompt);
 BLIP-family models and PaliGemma (processors that require an image) get `blank_image()`.
@@ -38,8 +39,8 @@ Scoring.
 - `choice_logits` (the CVQA paper's MMLU-style letter rule): a choice's score is the next-token logit of the
   token the model writes as its answer: the first token after the generation prompt when the conversation is
   rendered with the assistant's reply set to the choice ("A"); without a chat template, the token that `" A"`
-  adds after the prompt; encoder-decoder LMs (T5): the decoder's token of "A". One spelling for every choice; `ChoiceTokenError` (one line) when a choice is not one
-  token. `spec.extra["letter_spellings"] = "all"` instead combines every single-token spelling of the choice
+  adds after the prompt (PaliGemma: "A" after its processor's newline); encoder-decoder LMs (T5): the decoder's
+  token of "A". One spelling for every choice; `ChoiceTokenError` (one line) when a choice is not one token. `spec.extra["letter_spellings"] = "all"` instead combines every single-token spelling of the choice
   ("A", " A") by logsumexp of their logits (summed probabilities), never a max of raw logits.
 - `continuation_logprobs`: decoder-only LMs score the tokens that `prompt + continuation` adds after the prompt
   (the prompt's tokens checked to be a prefix), so pass the leading space your prompt needs (" Paris" after
@@ -49,9 +50,9 @@ Scoring.
 - `generate`: greedy (`model.generate`, no sampling, one beam).
 
 `self.max_images`: 1 for BLIP-family models and PaliGemma; otherwise `spec.extra["max_images"]` (default 1,
-as LLaVA-1.5 was trained on one). Families whose processor takes several images per prompt say so in
-`multi_image()` (read from the processor: a chat template that places images, or an image-token frame
-per image), which `iglue-hf` uses to choose MaRVL's layout.
+as LLaVA-1.5 was trained on one; set it for multi-image families). `iglue-hf` gives MaRVL's two photos as two
+images when it is at least 2, else the side-by-side canvas.
+`self.vqa_frame`: the short-answer VQA frame of the BLIP family's paper (`iglue-hf` xGQA), None for others.
 """
 from __future__ import annotations
 
