@@ -193,7 +193,7 @@ def test_missing_processor_package_is_one_line(family_root, monkeypatch):
 
 
 # ---- through the CLI, default batch size ----------------------------------------------------------------------
-CLI_FAMILIES = ["qwen2-vl", "gemma3", "paligemma", "idefics3", "llava-next", "mistral3", "mllama"]
+CLI_FAMILIES = NAMES                                   # every family through the CLI
 
 
 @pytest.fixture(scope="module")
