@@ -116,9 +116,9 @@ def test_dual_encoder_cannot_do_xvnli(world, tmp_path):
     ("qwen2-vl", "xvnli", "letter", {}), ("idefics3", "marvl", "letter", {"max_images": 2}),
     ("gemma3", "marvl", "likelihood", {}), ("gemma3", "xgqa", "generate", {}), ("qwen2-vl", "xvnli", "generate", {}),
 ])
-def test_current_families_equal_direct_computation(world, tmp_path, family, task, rule, extra):
+def test_current_families_equal_direct_computation(world, family_root, tmp_path, family, task, rule, extra):
     lang, protocol = CASES[task]
-    path = str(build_family(family, world["models"]))
+    path = str(build_family(family, family_root))
     options = {"task": task, "backend": "mllm", "model": path, "lang": lang, "protocol": protocol, "rule": rule,
                "images": str(world["images"] / task), "output_dir": str(tmp_path), "data_root": str(world["root"]),
                "progress": False, "batch_size": 4, "chunk_size": 4, "extra": extra, "max_new_tokens": 4}

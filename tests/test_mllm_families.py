@@ -31,11 +31,6 @@ NO_TEMPLATE = ("paligemma",)
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy:DeprecationWarning")          # PaliGemma has no chat template: "<image>" + prompt, the processor adds the rest
 
 
-@pytest.fixture(scope="session")
-def family_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("vlm")
-
-
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     before = torch.get_num_threads()
