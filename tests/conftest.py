@@ -20,10 +20,3 @@ def env_folders(var: str, default: Path) -> list[Path]:
     raw = os.environ.get(var)
     folders = [Path(p) for p in raw.split(os.pathsep) if p] if raw else [default]
     return [f for f in folders if f.is_dir()]
-
-
-@pytest.fixture(scope="session")
-def family_root(tmp_path_factory):
-    """One folder for the tiny current-family models (tests/helpers_vlm_families.py): each is built once per
-    session, whichever test module asks first."""
-    return tmp_path_factory.mktemp("vlm")

@@ -5,7 +5,8 @@ layers, widths of 32-64), a stand-in tokenizer TRAINED here of the real checkpoi
 Qwen, Llama 3, SmolLM, tekken, Cohere; SentencePiece-like Unigram with Metaspace for Gemma, Llama 2 / Vicuna),
 the family's own processor with small image sizes, and a short chat template shaped like the real checkpoint's
 (written here: the same turn markers, BOS and generation prompt). `build_family(name, root)` builds once per
-root; `FAMILIES` maps the name used in test ids to its builder.
+root (tests use `shared_root()`, one folder per test process); `FAMILIES` maps the name used in test ids to its
+builder.
 """
 from __future__ import annotations
 
@@ -389,6 +390,21 @@ FAMILIES = {
     "qwen2.5-vl": build_qwen2_5_vl,
     "qwen3-vl": build_qwen3_vl,
 }
+
+
+_ROOT: list[Path] = []
+
+
+def shared_root() -> Path:
+    """One folder per test process for these models (removed at exit): each family is built once, whichever test
+    module asks first."""
+    if not _ROOT:
+        import atexit
+        import shutil
+        import tempfile
+        _ROOT.append(Path(tempfile.mkdtemp(prefix="vlm-families-")))
+        atexit.register(shutil.rmtree, _ROOT[0], ignore_errors=True)
+    return _ROOT[0]
 
 
 def build_family(name: str, root: Path) -> Path:

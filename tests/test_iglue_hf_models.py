@@ -10,7 +10,7 @@ import pytest
 
 from conftest import shared_path
 from helpers_hf import build, spec_extra
-from helpers_vlm_families import build_family
+from helpers_vlm_families import build_family, shared_root
 from helpers_iglue_hf import build_data_root, make_images
 from test_iglue_hf import brute_force_recalls, reference_accuracy
 from volta_ml.hf import ModelSpec, load_backend
@@ -116,9 +116,9 @@ def test_dual_encoder_cannot_do_xvnli(world, tmp_path):
     ("qwen2-vl", "xvnli", "letter", {}), ("idefics3", "marvl", "letter", {"max_images": 2}),
     ("gemma3", "marvl", "likelihood", {}), ("gemma3", "xgqa", "generate", {}), ("qwen2-vl", "xvnli", "generate", {}),
 ])
-def test_current_families_equal_direct_computation(world, family_root, tmp_path, family, task, rule, extra):
+def test_current_families_equal_direct_computation(world, tmp_path, family, task, rule, extra):
     lang, protocol = CASES[task]
-    path = str(build_family(family, family_root))
+    path = str(build_family(family, shared_root()))
     options = {"task": task, "backend": "mllm", "model": path, "lang": lang, "protocol": protocol, "rule": rule,
                "images": str(world["images"] / task), "output_dir": str(tmp_path), "data_root": str(world["root"]),
                "progress": False, "batch_size": 4, "chunk_size": 4, "extra": extra, "max_new_tokens": 4}

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers_hf import images
-from tests.helpers_vlm_families import FAMILIES, build_family
+from helpers_hf import images
+from helpers_vlm_families import FAMILIES, build_family, shared_root
 from volta_ml.hf import ModelSpec, load_backend
 
 NAMES = list(FAMILIES)
@@ -37,6 +37,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def family_root():
+    return shared_root()
 
 
 _loaded: dict = {}
