@@ -99,13 +99,44 @@ def test_mllm_rules_match_a_direct_computation(release, tmp_path, fakes, rule):
                 np.testing.assert_allclose(got["length_normalised"][k], (sums[0] / counts[0]).numpy(), rtol=1e-5, atol=1e-6)
     assert fakes[0].calls == 2 * 2   # one call per batch of 4 questions, per condition
     results = json.loads((out / "cvqa_results.json").read_text())
-    assert results["rule"] == rule and results["prompts_version"] == "cvqa-mllm-prompts-v1"
+    assert results["rule"] == rule and results["prompts_version"] == "cvqa-mllm-prompts-v2"
     assert (results["model"], results["model_revision"], results["dtype"]) == ("fake/llava", "f00d", "bf16")
     assert results["rendered_prompts"]["en-aware"] == model.render(generative_prompt(questions[0], "en-aware",
                                                                                      rule), 1)
     assert ("length_normalised" in results["variants"]) == (rule == "open")
-    if rule == "letter":
-        assert "A. dosa\nB. idli\nC. vada\nD. upma\nShort Answer:" in results["rendered_prompts"]["en-aware"]
+    if rule == "letter":     # the paper's text: the lettered options on one line
+        assert "Options: A. dosa B. idli C. vada D. upma Short Answer:" in results["rendered_prompts"]["en-aware"]
+        assert results["template"] == "letter" and results["letter_spellings"] == "natural"
+
+
+def test_letter_layout_lines_is_a_named_variant(release, tmp_path, fakes):
+    out = tmp_path / "lines"
+    assert score(release, out, "--backend", "mllm", "--model", "fake/llava", "--conditions", "en-aware",
+                 "--letter_layout", "lines", "--no-text-only") == 0
+    results = json.loads((out / "cvqa_results.json").read_text())
+    assert results["template"] == "letter-lines"
+    assert "Options:\nA. dosa\nB. idli\nC. vada\nD. upma\nShort Answer:" in results["rendered_prompts"]["en-aware"]
+
+
+def test_generate_rule_parses_answers_and_reports_the_parse_failure_rate(release, tmp_path, fakes, monkeypatch):
+    questions = load_cvqa(release).questions
+    answers = {0: "B", 1: "(C) because", 2: "the answer is unclear"}      # the rest: an option's text
+
+    index = {generative_prompt(q, "en-aware", "generate"): k for k, q in enumerate(questions)}
+    assert len(index) == len(questions)
+
+    def generate(self, images, prompts, max_new_tokens):
+        return [answers.get(index[p], questions[index[p]].options_en[3]) for p in prompts]
+    monkeypatch.setattr(FakeGenerative, "generate", generate)
+    out = tmp_path / "gen"
+    assert score(release, out, "--backend", "mllm", "--model", "fake/llava", "--rule", "generate",
+                 "--conditions", "en-aware", "--no-text-only") == 0
+    got = saved_scores(out, "en-aware")
+    assert got["score"].argmax(1).tolist()[:2] == [1, 2] and not got["score"][2].any()
+    assert (got["score"][3:].argmax(1) == 3).all()
+    results = json.loads((out / "cvqa_results.json").read_text())
+    assert results["rule"] == "generate" and "parse_failed" not in results["variants"]
+    assert results["parse_failure_rate"]["en-aware"] == round(100.0 / len(questions), 3)
 
 
 def test_batch_size_and_chunking_do_not_change_scores(release, tmp_path, fakes):

@@ -120,32 +120,54 @@ def test_dual_encoders_score_the_cosine_of_image_and_text(root, release, name, r
     assert results["model"] == str(path) and results["backend"] == name
 
 
-def letter_ids(tok, letter):
-    """Single-token spellings of a letter ("A", " A") that decode back to it."""
-    ids = [tok(s, add_special_tokens=False)["input_ids"] for s in (letter, " " + letter)]
-    return sorted({i[0] for i in ids if len(i) == 1 and tok.decode(i).strip() == letter})
+def _ids(tok, text):
+    """`text` tokenised as processor.apply_chat_template(tokenize=True) does: no second BOS."""
+    return tok(text, add_special_tokens=not (tok.bos_token and text.startswith(tok.bos_token)))["input_ids"]
+
+
+def after(tok, head, text):
+    """The tokens `text` adds after `head` (head's tokens checked to be a prefix)."""
+    a, b = _ids(tok, head), _ids(tok, head + text)
+    assert b[:len(a)] == a
+    return b[len(a):]
+
+
+def letter_id(proc, prompt, letter, enc_dec):
+    """The paper's letter: the token the model writes as its answer (chat template: the first token after the
+    generation prompt of the conversation answered with `letter`; no template: what " A" adds; T5: "A" alone)."""
+    tok = proc.tokenizer
+    if enc_dec:
+        return tok(letter, add_special_tokens=False)["input_ids"][0]
+    if getattr(proc, "chat_template", None):
+        user = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+        head = proc.apply_chat_template(user, add_generation_prompt=True)
+        full = proc.apply_chat_template(user + [{"role": "assistant", "content": [{"type": "text", "text": letter}]}])
+        return after(tok, head, full[len(head):])[0]
+    return after(tok, prompt, " " + letter)[0]
 
 
 @torch.inference_mode()
 def mllm_reference(path, question, condition, rule, blind=False):
     model, proc = loaded(path, "AutoModelForImageTextToText")
     tok = proc.tokenizer
-    prompt = generative_prompt(question, condition, rule)
+    prompt = user_turn = generative_prompt(question, condition, rule)
     blip = "Blip" in type(model).__name__
     images = [photo(question.image_id)] if not blind else ([Image_blank()] if blip else None)
     if getattr(proc, "chat_template", None):
         content = ([{"type": "image"}] if images and not blip else []) + [{"type": "text", "text": prompt}]
         prompt = proc.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
                                           tokenize=False)
-    inputs = dict(proc(images=images, text=prompt, return_tensors="pt"))
+    inputs = dict(proc(images=images, text=prompt, return_tensors="pt", add_special_tokens=not (
+        proc.tokenizer.bos_token and prompt.startswith(proc.tokenizer.bos_token))))
     enc_dec = model.config.get_text_config().is_encoder_decoder
     start = torch.tensor([[model.config.get_text_config().decoder_start_token_id]]) if enc_dec else None
     if rule == "letter":
         logits = (model(**inputs, decoder_input_ids=start) if enc_dec else model(**inputs)).logits[0, -1]
-        return np.array([max(logits[i].item() for i in letter_ids(tok, c)) for c in LETTERS]), None
+        return np.array([logits[letter_id(proc, user_turn, c, enc_dec)].item() for c in LETTERS]), None
     sums, counts = [], []
     for answer in open_answers(question, condition):
-        cont = torch.tensor([tok(answer, add_special_tokens=False)["input_ids"]])
+        ids = tok(answer, add_special_tokens=False)["input_ids"] if enc_dec else after(tok, prompt, answer)
+        cont = torch.tensor([ids])
         if enc_dec:
             logits = model(**inputs, decoder_input_ids=torch.cat([start, cont[:, :-1]], 1)).logits
         else:

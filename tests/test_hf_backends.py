@@ -89,12 +89,37 @@ def ref_logprob(b, imgs, prompt, cont):
 
 
 def letter_ids(tok, letter):
+    """Every single-token spelling of the letter ("A", " A"): what letter_spellings="all" combines."""
     out = set()
     for s in (letter, " " + letter):
         t = tok(s, add_special_tokens=False)["input_ids"]
         if len(t) == 1:
             out.add(t[0])
     return sorted(out)
+
+
+def natural_letter(b, prompt, letter):
+    """The paper's letter token, computed the plain way: the conversation with the assistant's reply `letter`
+    rendered through the chat template, first token after the generation prompt; without a template the token
+    that " A" adds after the prompt."""
+    if b.encoder_decoder:          # the decoder writes the answer from its start token
+        return b.tokenizer(letter, add_special_tokens=False)["input_ids"][0]
+    if b.prompt_format == "chat_template":
+        user = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+        texts = [b.processor.apply_chat_template(user, add_generation_prompt=True),
+                 b.processor.apply_chat_template(user + [{"role": "assistant", "content": [
+                     {"type": "text", "text": letter}]}])]
+        bos = b.tokenizer.bos_token      # as processor.apply_chat_template(tokenize=True) tokenises a rendered text
+        head, full = (b.tokenizer(t, add_special_tokens=not (bos and t.startswith(bos)))["input_ids"] for t in texts)
+    else:
+        text = b.render(prompt, 1)
+        head, full = b.tokenizer(text)["input_ids"], b.tokenizer(text + " " + letter)["input_ids"]
+    assert full[:len(head)] == head and len(full) > len(head)
+    return full[len(head)]
+
+
+def want_letters(b, logits, prompt):
+    return torch.stack([logits[natural_letter(b, prompt, c)] for c in LETTERS]).float()
 
 
 # ---- generative ------------------------------------------------------------------------------------------
@@ -107,8 +132,7 @@ def test_choice_logits_equal_reference_and_batch(name, root):
     got = b.choice_logits(imgs, PROMPTS, LETTERS)
     for i in range(len(PROMPTS)):
         logits = ref_next_logits(b, imgs[i], PROMPTS[i])
-        want = torch.stack([logits[letter_ids(b.tokenizer, c)].max() for c in LETTERS])
-        assert torch.allclose(got[i], want.float(), atol=TOL), (name, i)
+        assert torch.allclose(got[i], want_letters(b, logits, PROMPTS[0]), atol=TOL), (name, i)
         assert torch.allclose(got[i:i + 1], b.choice_logits(imgs[i:i + 1], PROMPTS[i:i + 1], LETTERS), atol=TOL)
 
 
@@ -147,7 +171,7 @@ def test_blind_control_in_a_mixed_batch(name, root):
     imgs = [[images(1)[0]], [None]]
     got = b.choice_logits(imgs, PROMPTS[:2], LETTERS)
     ref = ref_next_logits(b, [None], PROMPTS[1])
-    assert torch.allclose(got[1], torch.stack([ref[letter_ids(b.tokenizer, c)].max() for c in LETTERS]), atol=TOL)
+    assert torch.allclose(got[1], want_letters(b, ref, PROMPTS[0]), atol=TOL)
     if not b.blip:      # LLaVA-like: the blind prompt carries no image token at all
         assert "<image>" not in b.render(PROMPTS[1], 0)
 
@@ -160,7 +184,7 @@ def test_image_after_a_blind_first_item_is_kept(name, root):
     image = images(1)[0]
     got = b.choice_logits([[None], [image]], PROMPTS[:2], LETTERS)
     ref = ref_next_logits(b, [image], PROMPTS[1])
-    assert torch.allclose(got[1], torch.stack([ref[letter_ids(b.tokenizer, c)].max() for c in LETTERS]), atol=TOL)
+    assert torch.allclose(got[1], want_letters(b, ref, PROMPTS[0]), atol=TOL)
 
 
 def test_render_uses_chat_template_or_documented_fallback(root):
@@ -181,7 +205,7 @@ def test_multi_image_prompts_and_max_images(root):
     got = b.choice_logits(two, PROMPTS[:2], LETTERS)
     for i in range(2):
         ref = ref_next_logits(b, two[i], PROMPTS[i])
-        assert torch.allclose(got[i], torch.stack([ref[letter_ids(b.tokenizer, c)].max() for c in LETTERS]), atol=TOL)
+        assert torch.allclose(got[i], want_letters(b, ref, PROMPTS[0]), atol=TOL)
     with pytest.raises(ValueError, match="at most 2"):
         b.choice_logits([images(3)], PROMPTS[:1], LETTERS)
     with pytest.raises(ValueError, match="at most 1"):
@@ -192,10 +216,26 @@ def test_choice_token_error_names_model_and_choice(root):
     b = backend("blip2-opt", root)
     with pytest.raises(ChoiceTokenError, match=r"blip2-opt: the choice 'Zebra-Q' .*--rule open"):
         b.choice_logits(one_image_each(1), PROMPTS[:1], ["A", "Zebra-Q"])
-    ids = b.choice_ids(LETTERS)       # byte-level BPE: "A" and " A" are both single tokens, both used
+    ids = b.choice_ids(LETTERS)       # the natural spelling only: " A" after "Short Answer:" (byte-level BPE)
+    assert all(len(v) == 1 for v in ids) and [b.tokenizer.decode(v) for v in ids] == [" A", " B", " C", " D"]
+    every = backend("blip2-opt", root, letter_spellings="all")   # "A" and " A" are both single tokens, both used
+    ids = every.choice_ids(LETTERS)
     assert all(len(v) == 2 for v in ids) and len({i for v in ids for i in v}) == 8
     with pytest.raises(ChoiceTokenError, match="share the token"):
-        b.choice_ids(["A", " A"])
+        every.choice_ids(["A", " A"])
+
+
+@torch.inference_mode()
+def test_letter_spellings_all_is_logsumexp_not_max(root):
+    b = backend("blip2-opt", root, letter_spellings="all")
+    imgs = one_image_each(2)
+    got = b.choice_logits(imgs, PROMPTS[:2], LETTERS)
+    for i in range(2):
+        logits = ref_next_logits(b, imgs[i], PROMPTS[i])
+        want = torch.stack([torch.logsumexp(logits[letter_ids(b.tokenizer, c)], 0) for c in LETTERS])
+        assert torch.allclose(got[i], want.float(), atol=TOL)
+    with pytest.raises(ValueError, match="letter_spellings 'max'"):
+        backend("blip2-opt", root, letter_spellings="max")
 
 
 def test_empty_continuation_is_an_error(root):

@@ -55,12 +55,17 @@ def reference_accuracy(backend, task, rule, examples, source, layout=None, vocab
         images = [source.load(r) for r in e.images]
         if layout == "canvas":
             images = [side_by_side(*images)]
-        prompt = user_turn(task, rule, e, layout)
+        prompt = user_turn(task, rule, e, layout, getattr(backend, "vqa_frame", None))
         if rule == "letter":
             pred = OPTIONS[task][int(backend.choice_logits([images], [prompt], letter_choices(task)).argmax())]
         elif rule == "likelihood":
             words = [" " + w for w in OPTIONS[task]]
             pred = OPTIONS[task][int(backend.continuation_logprobs([images], [prompt], [words])[0].argmax())]
+        elif rule == "generate" and task in OPTIONS:      # multiple choice by generation: parsed, "" = unparsed
+            from volta_ml.hf.mllm import parse_choice
+            k = parse_choice(backend.generate([images], [prompt], max_new_tokens)[0], letter_choices(task),
+                             OPTIONS[task])
+            pred = "" if k is None else OPTIONS[task][k]
         elif rule == "generate":
             pred = normalise_answer(backend.generate([images], [prompt], max_new_tokens)[0])
         else:

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import shared_path
 from helpers_hf import build, spec_extra
+from helpers_vlm_families import build_family, shared_root
 from helpers_iglue_hf import build_data_root, make_images
 from test_iglue_hf import brute_force_recalls, reference_accuracy
 from volta_ml.hf import ModelSpec, load_backend
@@ -93,7 +94,9 @@ def test_generative_scores_equal_direct_computation(world, tmp_path, name, task,
     assert layout == (("multi" if extra.get("max_images") == 2 else "canvas") if task == "marvl" else None)
     expected = reference_accuracy(backend, task, rule, examples, source, layout, vocabulary, max_new_tokens=4)
     assert result["metrics"]["score"] == pytest.approx(expected)
-    turn = user_turn(task, rule, examples[0], layout)
+    turn = user_turn(task, rule, examples[0], layout, backend.vqa_frame)
+    if task == "xgqa" and name.startswith("blip2"):       # BLIP-2's VQA frame (T5 LM: "Short answer:")
+        assert turn == f"Question: {examples[0].text} Short answer:"
     assert result["first_prompt_rendered"] == backend.render(turn, 2 if layout == "multi" else 1)
     if name == "llava":
         assert result["prompt_format"] == "chat_template"
@@ -106,3 +109,51 @@ def test_dual_encoder_cannot_do_xvnli(world, tmp_path):
     with pytest.raises(BackendTaskError, match=r"backend 'clip' \(ClipBackend\) is a dual encoder model and cannot "
                                                r"do xvnli, which needs a generative backend; 'clip' can do: xflickrco, wit"):
         run(world, "xvnli", "clip", tmp_path)
+
+
+# ---- current families (tests/helpers_vlm_families.py): one per task --------------------------------------------
+@pytest.mark.parametrize("family,task,rule,extra", [
+    ("qwen2-vl", "xvnli", "letter", {}), ("idefics3", "marvl", "letter", {"max_images": 2}),
+    ("gemma3", "marvl", "likelihood", {}), ("gemma3", "xgqa", "generate", {}), ("qwen2-vl", "xvnli", "generate", {}),
+])
+def test_current_families_equal_direct_computation(world, tmp_path, family, task, rule, extra):
+    lang, protocol = CASES[task]
+    path = str(build_family(family, shared_root()))
+    options = {"task": task, "backend": "mllm", "model": path, "lang": lang, "protocol": protocol, "rule": rule,
+               "images": str(world["images"] / task), "output_dir": str(tmp_path), "data_root": str(world["root"]),
+               "progress": False, "batch_size": 4, "chunk_size": 4, "extra": extra, "max_new_tokens": 4}
+    if task == "xgqa":
+        options["annotations"] = str(world["root"] / "xGQA/annotations/few_shot/de/train_5.json")
+    result = run_iglue_hf(options)
+    examples, source = data_of(task, options)
+    backend = load_backend("mllm", ModelSpec(path, extra=extra))
+    layout = result["marvl_layout"]
+    assert layout == (("multi" if extra.get("max_images") == 2 else "canvas") if task == "marvl" else None)
+    expected = reference_accuracy(backend, task, rule, examples, source, layout, max_new_tokens=4)
+    assert result["metrics"]["score"] == pytest.approx(expected)
+    assert result["prompt_format"] == "chat_template"
+    assert ("parse_failure_rate" in result["metrics"]) == (rule == "generate" and task != "xgqa")
+    assert result["first_prompt_rendered"] == backend.render(user_turn(task, rule, examples[0], layout),
+                                                             2 if layout == "multi" else 1)
+
+
+def test_instructblip_qformer_text_truncated_as_lavis(world):
+    """A Q-Former instruction longer than LAVIS's max_txt_len (128) is cut to 128 tokens ([SEP] kept), counted."""
+    import torch
+    from helpers_hf import images
+    backend = load_backend("mllm", ModelSpec(str(build("instructblip-t5", world["models"]))))
+    long = "Statement: " + " ".join(["the left image shows two dogs and the right image one cat"] * 12) + " Answer:"
+    qtok = backend.processor.qformer_tokenizer
+    assert len(qtok(long)["input_ids"]) > 128
+    img = images(1)
+    before = backend.qformer_truncated
+    got = backend.choice_logits([img], [long], ["A", "B"])
+    assert backend.qformer_truncated == before + 1
+    enc = backend.processor(images=img, text=long, return_tensors="pt")
+    enc["qformer_input_ids"] = qtok(long, truncation=True, max_length=128, return_tensors="pt")["input_ids"]
+    enc["qformer_attention_mask"] = torch.ones_like(enc["qformer_input_ids"])
+    start = torch.tensor([[backend.model.config.get_text_config().decoder_start_token_id]])
+    with torch.inference_mode():
+        logits = backend.model(**enc, decoder_input_ids=start).logits[0, -1]
+    ids = [i[0] for i in backend.choice_ids(["A", "B"])]
+    assert torch.allclose(got[0], logits[ids].float(), atol=1e-4)

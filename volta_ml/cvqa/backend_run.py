@@ -35,7 +35,8 @@ DEFAULTS = {
     "revision": None, "conditions": list(CONDITIONS), "template": None, "rule": "letter", "model": None,
     "model_revision": None, "image_model": None, "dtype": "fp32", "device": "auto", "device_map": None,
     "batch_size": 8, "chunk_size": 256, "text_only": True, "limit": None, "progress": True, "predictions": None,
-    "max_side": None, "max_pixels": None, "allow_missing_keys": False,
+    "max_side": None, "max_pixels": None, "allow_missing_keys": False, "letter_layout": "paper",
+    "letter_spellings": "natural",
 }
 REQUIRED = ("data", "backend", "output_dir")
 # What a resumed run must match (anything else, e.g. batch size or device, may change); the model's and the
@@ -235,7 +236,10 @@ def _write_results(args, dataset, scorer, header, scores, failures, timing, out_
         write_submission(out_dir / f"submission_{condition}.csv", questions, predictions)
         files += [f"predictions_{condition}.csv", f"submission_{condition}.csv"]
         results["runs"][condition] = accuracy_summary(questions, predictions)
-        for variant in (k for k in arrays if k != "score"):   # the rule's variants: summaries (docs/cvqa.md)
+        if "parse_failed" in arrays:                            # the generate rule: unparsed answers, in %
+            results.setdefault("parse_failure_rate", {})[condition] = round(
+                100.0 * float(arrays["parse_failed"][:, 0].mean()), 3)
+        for variant in (k for k in arrays if k not in ("score", "parse_failed")):   # the rule's variants (docs/cvqa.md)
             results["variants"].setdefault(variant, {})[condition] = accuracy_summary(questions,
                                                                                       predict(arrays[variant]))
         if blind is not None:

@@ -12,9 +12,14 @@ every image is None (the backend's blank image / no image). The backends:
 - `zoo`: a VOLTA-zoo checkpoint's matching head over region features (`zoo.py`, run by `run.py`).
 - `clip` / `mclip`: a dual encoder (`volta_ml.hf`); each photo is embedded once per batch for every condition,
   the 4 "question + option" texts of a question are embedded together, score = cosine similarity.
-- `mllm`: a generative model (`volta_ml.hf`), rule `letter` (the paper's MMLU-style prompt with lettered options;
-  score = next-token logit of "A".."D", one forward per question) or `open` (no options in the prompt; score =
-  total log-probability of the option's full text; variant `length_normalised` = per token).
+- `mllm`: a generative model (`volta_ml.hf`), rule `letter` (the paper's MMLU-style prompt with the lettered
+  options on one line; score = next-token logit of the letter token the model writes as its answer, one forward
+  per question; `letter_spellings="all"`: logsumexp over the letter's single-token spellings; `letter_layout=
+  "lines"`: the options one per line, a named variant recorded in `template`), `open` (no options in the
+  prompt; score = total log-probability of the option's full text; variant `length_normalised` = per token) or
+  `generate` (the letter prompt, greedy answer parsed to a letter or matched to an option text, as
+  generation-based harnesses score multiple choice; score = one-hot of the parsed option, all zeros when the
+  answer names none; `parse_failed` [N, 4] (1 = unparsed) gives the parse-failure rate beside the accuracy).
 - `import`: predictions made elsewhere (GPT-4o, Gemini, ...) as a CSV `ID,Prediction`; score = one-hot.
 """
 from __future__ import annotations
@@ -29,17 +34,19 @@ import torch
 
 from .data import CVQAQuestion
 from .prompts import (GENERATIVE_PROMPTS_VERSION, LETTERS, PROMPTS_VERSION, full_texts, generative_prompt,
-                      open_answers)
+                      open_answers, question_and_options)
 
 NUM_OPTIONS = 4
 BACKENDS = {
     "zoo": "a VOLTA-zoo checkpoint's image-text matching head over region features (--checkpoint, --features)",
     "clip": "a transformers CLIP-family dual encoder (CLIP, SigLIP): cosine of image and 'question + option'",
     "mclip": "M-CLIP: XLM-R text tower + projection, with the OpenAI CLIP image tower it was trained against",
-    "mllm": "a generative image-text model (LLaVA, InstructBLIP, BLIP-2/mBLIP): --rule letter | open",
+    "mllm": "a generative image-text model (docs/hf_backends.md lists the tested families): --rule letter | open | "
+            "generate",
     "import": "predictions made elsewhere: --predictions CONDITION=ID,Prediction CSV",
 }
-RULES = ("letter", "open")
+RULES = ("letter", "open", "generate")
+GENERATE_TOKENS = 10                  # greedy tokens of the `generate` rule's answer
 
 
 class CVQAScorer(Protocol):
@@ -102,28 +109,41 @@ class DualEncoderScorer:
 
 
 class GenerativeScorer:
-    """The paper's rules for generative models: `letter` (next-token logits of A-D) or `open` (answer log-prob)."""
+    """The paper's rules for generative models: `letter` (next-token logits of A-D) or `open` (answer log-prob);
+    and `generate` (the greedy answer parsed to an option)."""
     needs_images = True
 
-    def __init__(self, model, rule: str):
+    def __init__(self, model, rule: str, layout: str = "paper"):
         if rule not in RULES:
             raise ValueError(f"--rule {rule!r}: known rules: {', '.join(RULES)}")
-        self.model, self.rule, self.backend = model, rule, "mllm"
+        self.model, self.rule, self.backend, self.layout = model, rule, "mllm", layout
 
     def header(self) -> dict:
-        convention = ("next-token logit of the option letter" if self.rule == "letter" else
-                      "total log-probability of the option text (variant length_normalised: per token)")
-        return {**_spec_header(self.model), "rule": self.rule, "template": self.rule,
+        spellings = getattr(self.model, "letter_spellings", "natural")
+        convention = {
+            "letter": "next-token logit of the letter token the model writes as its answer" if spellings == "natural"
+            else "logsumexp of the next-token logits of every single-token spelling of the letter",
+            "open": "total log-probability of the option text (variant length_normalised: per token)",
+            "generate": f"greedy answer ({GENERATE_TOKENS} tokens) parsed to a letter or an option text (one-hot; "
+                        "parse_failed marks the unparsed)"}[self.rule]
+        template = self.rule if self.layout == "paper" or self.rule == "open" else f"{self.rule}-{self.layout}"
+        return {**_spec_header(self.model), "rule": self.rule, "template": template,
+                "letter_spellings": spellings if self.rule == "letter" else None,
                 "prompts_version": GENERATIVE_PROMPTS_VERSION, "score_convention": convention}
 
+    def _prompt(self, question: CVQAQuestion, condition: str) -> str:
+        return generative_prompt(question, condition, self.rule, self.layout)
+
     def rendered_prompt(self, question: CVQAQuestion, condition: str) -> str:
-        return self.model.render(generative_prompt(question, condition, self.rule), 1)
+        return self.model.render(self._prompt(question, condition), 1)
 
     def score(self, questions, photos, condition, blind=False) -> dict:
         from volta_ml.hf.base import ChoiceTokenError
 
         images = [[None if blind else photos.get(q.image_id)] for q in questions]
-        prompts = [generative_prompt(q, condition, self.rule) for q in questions]
+        prompts = [self._prompt(q, condition) for q in questions]
+        if self.rule == "generate":
+            return self._generated(questions, images, prompts, condition)
         if self.rule == "letter":
             try:
                 logits = self.model.choice_logits(images, prompts, LETTERS)
@@ -136,6 +156,19 @@ class GenerativeScorer:
                                                                           for q in questions])
         sums = sums.double()
         return {"score": sums.numpy(), "length_normalised": (sums / counts.double().clamp(min=1)).numpy()}
+
+    def _generated(self, questions, images, prompts, condition) -> dict:
+        from volta_ml.hf.mllm import parse_choice
+
+        answers = self.model.generate(images, prompts, GENERATE_TOKENS)
+        scores, failed = np.zeros((len(questions), NUM_OPTIONS)), np.zeros((len(questions), NUM_OPTIONS))
+        for i, (q, answer) in enumerate(zip(questions, answers)):
+            choice = parse_choice(answer, LETTERS, question_and_options(q, condition)[1])
+            if choice is None:
+                failed[i] = 1.0
+            else:
+                scores[i, choice] = 1.0
+        return {"score": scores, "parse_failed": failed}
 
 
 class ImportedPredictions:
@@ -230,7 +263,7 @@ def _dual_encoder(model, args: dict) -> CVQAScorer:
 
 
 def _generative(model, args: dict) -> CVQAScorer:
-    return GenerativeScorer(model, args["rule"])
+    return GenerativeScorer(model, args["rule"], args.get("letter_layout") or "paper")
 
 
 BUILDERS = {"clip": _dual_encoder, "mclip": _dual_encoder, "mllm": _generative}   # volta_ml.hf kinds
@@ -250,6 +283,8 @@ def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> 
     from volta_ml.hf.base import ModelSpec
 
     extra = {"image_model": args["image_model"]} if args.get("image_model") else {}
+    if backend == "mllm" and args.get("letter_spellings"):
+        extra["letter_spellings"] = args["letter_spellings"]
     spec = ModelSpec(model=args["model"], revision=args["model_revision"], dtype=args["dtype"], device=device,
                      device_map=args["device_map"], extra=extra,
                      allow_missing_keys=bool(args.get("allow_missing_keys")))

@@ -6,9 +6,10 @@ import os
 import sys
 
 from volta_ml.features.detectors.presets import PRESETS
+from volta_ml.hf.base import LETTER_SPELLINGS
 
 from .backends import BACKENDS, RULES
-from .prompts import CONDITIONS, TEMPLATES
+from .prompts import CONDITIONS, LETTER_LAYOUTS, TEMPLATES
 
 
 def register(subparsers) -> None:
@@ -59,7 +60,14 @@ def register(subparsers) -> None:
                     help="score weights that miss (or add) tensors of the architecture instead of refusing them; "
                     "the keys are recorded in cvqa_results.json (loading_report)")
     hf.add_argument("--rule", choices=RULES, default="letter", help="mllm: letter = argmax of the next-token "
-                    "logits of A-D with lettered options; open = log-probability of each option's full text")
+                    "logits of A-D with lettered options; open = log-probability of each option's full text; "
+                    "generate = the greedy answer parsed to a letter or an option (parse-failure rate reported)")
+    hf.add_argument("--letter_spellings", "--letter-spellings", dest="letter_spellings", choices=LETTER_SPELLINGS,
+                    default="natural", help="mllm letter rule: natural = the letter token the model writes as its "
+                    "answer (the paper's rule); all = logsumexp over the letter's single-token spellings")
+    hf.add_argument("--letter_layout", "--letter-layout", dest="letter_layout", choices=sorted(LETTER_LAYOUTS),
+                    default="paper", help="mllm letter/generate: paper = the options on one line (the paper's "
+                    "prompt); lines = one option per line (a named variant, recorded in the results)")
     hf.add_argument("--chunk-size", dest="chunk_size", type=int, default=256,
                     help="questions per resumable chunk (a rerun into --output_dir continues)")
     hf.add_argument("--predictions", nargs="+", default=None, metavar="[CONDITION=]CSV",
@@ -160,7 +168,8 @@ def _run_backend(args) -> str | None:
 
     keys = ("data", "backend", "revision", "conditions", "template", "rule", "model", "model_revision",
             "image_model", "dtype", "device", "device_map", "chunk_size", "text_only", "limit", "output_dir",
-            "progress", "predictions", "max_side", "max_pixels", "allow_missing_keys")
+            "progress", "predictions", "max_side", "max_pixels", "allow_missing_keys", "letter_layout",
+            "letter_spellings")
     return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8})
 
 

@@ -12,9 +12,13 @@ question) and a tail (the option with its frame); truncation shortens the head o
 Changing a template changes results: bump PROMPTS_VERSION (it is written into every result file).
 
 Generative models (`mllm` backend) see one prompt per question, the paper's text as the user turn (rendered
-through the model's chat template by the backend). The `letter` rule lists the options MMLU-style, one lettered
-line each, and reads the next-token logits of A-D; the `open` rule leaves the options out and scores each option's
-full answer text as the continuation. Changing these: bump GENERATIVE_PROMPTS_VERSION.
+through the model's chat template by the backend). The `letter` rule lists the lettered options on the paper's
+one line (`Options: A. x B. y C. z D. w Short Answer:`) and reads the next-token logits of A-D; the `generate`
+rule asks the same text and parses the greedy answer; the `open` rule leaves the options out and scores each
+option's full answer text as the continuation. `LETTER_LAYOUTS["lines"]` (one lettered option per line, this
+project's layout before prompts v2) is a named variant, never the default. Changing these: bump
+GENERATIVE_PROMPTS_VERSION (v2: the paper's one-line options, the natural letter token, continuations scored
+as the tokens prompt + option adds after the prompt).
 """
 from __future__ import annotations
 
@@ -37,19 +41,23 @@ TEMPLATES = {
     },
 }
 
-GENERATIVE_PROMPTS_VERSION = "cvqa-mllm-prompts-v1"
+GENERATIVE_PROMPTS_VERSION = "cvqa-mllm-prompts-v2"
 LETTERS = ("A", "B", "C", "D")
+LETTER_TEMPLATE = {
+    "aware": "Location: {country}. Question: {question} Options: {options} Short Answer:",
+    "agnostic": "Question: {question} Options: {options} Short Answer:",
+}
 GENERATIVE_TEMPLATES = {
-    "letter": {
-        "aware": "Location: {country}. Question: {question} Options:\n{options}\nShort Answer:",
-        "agnostic": "Question: {question} Options:\n{options}\nShort Answer:",
-    },
+    "letter": LETTER_TEMPLATE,
+    "generate": LETTER_TEMPLATE,       # the same question, scored by parsing the greedy answer
     "open": {
         "aware": "Location: {country}. Question: {question} Short Answer:",
         "agnostic": "Question: {question} Short Answer:",
     },
 }
 OPEN_ANSWER = " {option}"   # the continuation scored for each option under the `open` rule
+# how the lettered options are laid out in `{options}`: the paper's one line (default) or one per line
+LETTER_LAYOUTS = {"paper": ("{options}", " "), "lines": ("\n{options}\n", "\n")}
 
 
 def parse_condition(condition: str) -> tuple[str, str]:
@@ -77,14 +85,20 @@ def question_and_options(question: CVQAQuestion, condition: str) -> tuple[str, t
     return (question.question_en, question.options_en) if language == "en" else (question.question, question.options)
 
 
-def generative_prompt(question: CVQAQuestion, condition: str, rule: str) -> str:
-    """The user turn a generative model sees for `question` (the chat template is applied by the backend)."""
+def generative_prompt(question: CVQAQuestion, condition: str, rule: str, layout: str = "paper") -> str:
+    """The user turn a generative model sees for `question` (the chat template is applied by the backend);
+    `layout` places the lettered options (LETTER_LAYOUTS: paper = one line, lines = one per line)."""
     if rule not in GENERATIVE_TEMPLATES:
         raise ValueError(f"unknown CVQA rule {rule!r}; known: {', '.join(GENERATIVE_TEMPLATES)}")
+    if layout not in LETTER_LAYOUTS:
+        raise ValueError(f"unknown letter layout {layout!r}; known: {', '.join(LETTER_LAYOUTS)}")
     _, location = parse_condition(condition)
     text, options = question_and_options(question, condition)
-    lettered = "\n".join(f"{letter}. {option}" for letter, option in zip(LETTERS, options))
-    return GENERATIVE_TEMPLATES[rule][location].format(country=question.country, question=text, options=lettered)
+    frame, sep = LETTER_LAYOUTS[layout]
+    lettered = frame.format(options=sep.join(f"{letter}. {option}" for letter, option in zip(LETTERS, options)))
+    template = GENERATIVE_TEMPLATES[rule][location].replace(" {options} ", "{options}" if layout == "lines"
+                                                            else " {options} ")
+    return template.format(country=question.country, question=text, options=lettered)
 
 
 def open_answers(question: CVQAQuestion, condition: str) -> list[str]:

@@ -27,7 +27,7 @@ def _mllm(spec: ModelSpec) -> Generative:
 BACKENDS = {
     "clip": _clip,      # transformers CLIP / SigLIP / SigLIP-2 (AutoModel + AutoProcessor)
     "mclip": _mclip,    # M-CLIP text tower (multilingual-clip layout) + OpenAI CLIP image tower
-    "mllm": _mllm,      # LLaVA, BLIP-2 / mBLIP, InstructBLIP, other AutoModelForImageTextToText
+    "mllm": _mllm,      # LLaVA, BLIP-2 / mBLIP, InstructBLIP, the current families of docs/hf_backends.md
 }
 
 

@@ -6,7 +6,8 @@ A backend is loaded once from a `ModelSpec` (hub id or local path, pinned revisi
 
 - `DualEncoder` (CLIP, SigLIP, M-CLIP): images and texts are embedded separately, once each; a score is the
   cosine similarity of the two L2-normalised embeddings.
-- `Generative` (LLaVA, InstructBLIP, BLIP-2/mBLIP, any `AutoModelForImageTextToText`): a prompt (the user turn,
+- `Generative` (LLaVA, InstructBLIP, BLIP-2/mBLIP and the current families docs/hf_backends.md lists as tested,
+  all loaded as `AutoModelForImageTextToText`): a prompt (the user turn,
   rendered through the model's chat template where it has one) plus zero or more images; scores are
   next-token logits over given candidate tokens, or log-probabilities of given continuations.
 
@@ -18,10 +19,13 @@ Refinements made while implementing (no signature changed; all additions are opt
   (one line naming the model: missing folder, no config.json, unknown architecture, unknown dtype); both are
   `ValueError`s and are exported from `volta_ml.hf`.
 - `Generative.continuation_logprobs(..., *, reuse_cache=True)`: `reuse_cache=False` runs K full forwards (the
-  no-reuse baseline; same numbers). Continuations are tokenised alone without special tokens: pass the leading
+  no-reuse baseline; same numbers). A continuation's tokens are those it adds after the rendered prompt
+  (decoder-only LMs; alone for encoder-decoder LMs): pass the leading
   space your prompt needs (" Paris" after "Answer:").
-- `choice_logits`: a choice's logit is the max over its single-token spellings ("A", " A"), checked per model
-  (must be one token, not <unk>, decode back to the choice; two choices may not share a token).
+- `choice_logits`: a choice's logit is that of the token the model writes as its answer (the first token after
+  the generation prompt of the conversation answered with the choice; without a template what `" A"` adds after
+  the prompt), one spelling for every choice, checked per model (one token, decodes back to the choice, no two
+  choices share a token); `spec.extra["letter_spellings"] = "all"`: logsumexp over every single-token spelling.
 - Generative backends also carry `prompt_format` ("chat_template" or "fallback: ...", to record with results)
   and `choice_ids(choices)`; a blind prompt on a LLaVA-like model has no image at all, BLIP-family models get
   `volta_ml.hf.loading.blank_image()` (uniform grey), as do the dual encoders for a `None` image.
@@ -80,6 +84,9 @@ class Generative(Protocol):
     def generate(self, images: Sequence[Sequence[Image.Image | None]], prompts: Sequence[str],
                  max_new_tokens: int) -> list[str]:
         """Greedy answers, special tokens and the prompt stripped."""
+
+
+LETTER_SPELLINGS = ("natural", "all")   # Generative letter rule: the answer token | logsumexp of every spelling
 
 
 class ChoiceTokenError(ValueError):

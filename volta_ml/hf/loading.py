@@ -11,6 +11,7 @@ carries the report (`volta_loading_report`), which `loading_report(backend)` col
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -120,8 +121,18 @@ def load_model(auto_cls, spec: ModelSpec, what: str, **kwargs):
 def load_processor(auto_cls, spec: ModelSpec, **kwargs):
     try:
         return auto_cls.from_pretrained(source(spec), revision=spec.revision, **kwargs)
+    except ImportError as e:
+        raise ModelLoadError(missing_package(spec, e)) from None
     except (ValueError, KeyError, OSError, TypeError) as e:
         raise ModelLoadError(f"{spec.model}: cannot load its processor/tokenizer ({one_line(e)})") from None
+
+
+def missing_package(spec: ModelSpec, e: ImportError) -> str:
+    """One line naming the optional package a processor needs (SmolVLM2: num2words), from the ImportError."""
+    name = e.name or next(iter(re.findall(r"`([\w.-]+)`", str(e))), None)
+    what = f"the Python package {name!r}" if name else "a Python package that is not installed"
+    hint = f"; install it (pip install {name})" if name else ""
+    return f"{spec.model}: its processor needs {what}{hint} ({one_line(e)})"
 
 
 def input_device(model: torch.nn.Module) -> torch.device:

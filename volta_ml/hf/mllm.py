@@ -1,45 +1,101 @@
-"""Generative image-text models: LLaVA (and other `AutoModelForImageTextToText` models with image tokens in the
-text), BLIP-2 / mBLIP and InstructBLIP with decoder-only (OPT, BLOOM) or encoder-decoder (T5, mT0) LMs.
+"""Generative image-text models: LLaVA-1.5, BLIP-2 / mBLIP and InstructBLIP (the CVQA paper's models) and the
+current open families tested in tests/test_mllm_families.py (docs/hf_backends.md has the table).
 
-How inputs are built. Each example is put through the model's own processor alone (no padding), then the batch
-is padded by hand: decoder-only LMs on the LEFT, all pads before the first token (BLIP's processor would put
-them between its query tokens and the text), with position ids counted over the real tokens only, so a batch
-gives the numbers of one example at a time; encoder-decoder LMs on the RIGHT (T5's relative positions need the
-real tokens contiguous from 0). Q-Former texts (InstructBLIP) are right-padded (a bidirectional BERT).
+How inputs are built.
+- Image-token families (LLaVA, Qwen-VL, Gemma 3, PaliGemma, Idefics3/SmolVLM, LLaVA-NeXT/OneVision, Mistral 3,
+  Mllama, Aya Vision, InternVL): ONE call of the model's own processor per batch, with the tokenizer's padding
+  side set to the left. The processor then pads every per-token key (`token_type_ids`, `mm_token_type_ids`,
+  `cross_attention_mask`) and every pixel tensor (patches, tiles, H x W, `pixel_attention_mask`, `image_sizes`,
+  `image_grid_thw`) the way its model expects. Outputs that are not arguments of the model's forward (`labels`)
+  are dropped. A batch mixing prompts with different numbers of images (a blind row among photo rows) is split
+  into groups of equal image count, one processor call each.
+- BLIP-family models (query tokens prepended to the text): each example goes through the processor alone and the
+  batch is padded by hand: decoder-only LMs on the LEFT with all pads before the query tokens (the processor
+  would put them between the query tokens and the text); encoder-decoder LMs (T5) on the RIGHT. Q-Former texts
+  (InstructBLIP) are right-padded and truncated to the Q-Former's length as LAVIS does (`max_txt_len`, 128 by
+  default, never more than the Q-Former's position table); `self.qformer_truncated` counts the cut texts.
 
-Prompts. `render` applies the processor's chat template with the prompt as the user turn (images first) and
-the generation prompt added. Without a chat template (or with `spec.extra["chat_template"] = False`) the
-documented fallback is: LLaVA-like models get one image token plus a newline per image, then the prompt;
-BLIP-family models get the prompt as is (their processor prepends the query-token placeholders itself).
-`self.prompt_format` says which was used. A `None` image is the blind control: LLaVA-like models then get no
-image at all (a text-only prompt); BLIP-family models, which cannot run without one, get `blank_image()`.
+The text is tokenised once, as `processor.apply_chat_template(tokenize=True)` does: the user turn is rendered
+through the chat template; when the rendered text already starts with the tokenizer's BOS, no special tokens are
+added again (no double BOS). Without a chat template (or `spec.extra["chat_template"] = False`) the frame is the
+family's (`Family.fallback`): LLaVA-like `<image>\\n` per image then the prompt; PaliGemma `<image>` per image
+then the prompt (its processor adds BOS and the closing newline); BLIP family the prompt as is (its processor
+prepends the query tokens). `self.prompt_format` says which was used.
 
-Scoring. `choice_logits`: one forward per question, the next-token logit of each choice = the max over its
-single-token spellings ("A" and " A"; a spelling counts only if it is one token, not <unk>, and decodes back to
-the choice); `ChoiceTokenError` when a choice has none or two choices share a token.
-`continuation_logprobs`: the prompt runs once; decoder-only LMs then run the K continuations of each prompt as
-one batch on its KV cache (repeated K times); encoder-decoder LMs run the encoder once and the decoder on the K
-continuations. Continuations are tokenised alone without special tokens, so pass the leading space your
-prompt needs (" Paris" after "Answer:"). `reuse_cache=False` is the plain K-full-forwards path (benchmarks,
-tests). `generate`: greedy (`model.generate`, no sampling, one beam).
-`spec.extra["max_images"]` raises the images per prompt for LLaVA-like models (default 1: LLaVA-1.5 was trained
-on one); BLIP-family models take exactly one.
+Positions. The model computes its own positions unless the backend must supply them:
+- `mrope` (Qwen-VL: the model has `get_rope_index`): never passed for the prompt (the model builds the 3-D
+  positions from the attention mask); a KV-cache continuation gets the text positions + the model's stored
+  `rope_deltas`, as `generate` gives them.
+- `mask` (every other decoder-only LM that takes `position_ids`): positions counted over the real tokens
+  (cumsum of the attention mask - 1), as `generate` computes them for left padding.
+- encoder-decoder LMs: none (relative attention).
+KV-cache continuations carry what `generate` carries: `cross_attention_mask` (Mllama: the prompt's last row
+repeated), `token_type_ids` / `mm_token_type_ids` over the continuation (0 = text; PaliGemma 1 = causal suffix).
+
+Blind control (`None` images): families whose processor runs without an image get none (a text-only prompt);
+BLIP-family models and PaliGemma (processors that require an image) get `blank_image()`.
+
+Scoring.
+- `choice_logits` (the CVQA paper's MMLU-style letter rule): a choice's score is the next-token logit of the
+  token the model writes as its answer: the first token after the generation prompt when the conversation is
+  rendered with the assistant's reply set to the choice ("A"); without a chat template, the token that `" A"`
+  adds after the prompt (PaliGemma: "A" after its processor's newline); encoder-decoder LMs (T5): the decoder's
+  token of "A". One spelling for every choice; `ChoiceTokenError` (one line) when a choice is not one token. `spec.extra["letter_spellings"] = "all"` instead combines every single-token spelling of the choice
+  ("A", " A") by logsumexp of their logits (summed probabilities), never a max of raw logits.
+- `continuation_logprobs`: decoder-only LMs score the tokens that `prompt + continuation` adds after the prompt
+  (the prompt's tokens checked to be a prefix), so pass the leading space your prompt needs (" Paris" after
+  "Answer:"). The prompt runs once and the K continuations of each prompt run as one batch on its KV cache;
+  `reuse_cache=False` is K full forwards (same numbers). Encoder-decoder LMs run the encoder once and the
+  decoder on the K continuations (tokenised alone: the decoder starts from its start token).
+- `generate`: greedy (`model.generate`, no sampling, one beam).
+
+`self.max_images`: 1 for BLIP-family models and PaliGemma; otherwise `spec.extra["max_images"]` (default 1,
+as LLaVA-1.5 was trained on one; set it for multi-image families). `iglue-hf` gives MaRVL's two photos as two
+images when it is at least 2, else the side-by-side canvas.
+`self.vqa_frame`: the short-answer VQA frame of the BLIP family's paper (`iglue-hf` xGQA), None for others.
 """
 from __future__ import annotations
 
 import inspect
+import re
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .base import ChoiceTokenError, ModelSpec
+from .base import LETTER_SPELLINGS, ChoiceTokenError, ModelSpec
 from .loading import ModelLoadError, blank_image, float_dtype, input_device, load_model, load_processor
 
 QUERY_PREPENDED = ("Blip2ForConditionalGeneration", "InstructBlipForConditionalGeneration")  # BLIP family
 LM_KEYS = ("input_ids", "attention_mask")
 QFORMER_KEYS = ("qformer_input_ids", "qformer_attention_mask")
+QFORMER_MAX_TXT_LEN = 128          # LAVIS InstructBLIP's `max_txt_len` for the Q-Former's instruction
+
+
+@dataclass(frozen=True)
+class Family:
+    """The few things that differ between families (keyed by `config.model_type`; default: `Family()`)."""
+    needs_image: bool = False        # the processor cannot run without an image: the blind control gets a blank one
+    fallback: str = "image_newline"  # frame without a chat template: "image_newline" (<image>\n per image),
+    #                                  "image_prefix" (<image> per image, the processor adds BOS), "as_is" (BLIP)
+    max_images: int | None = None    # a fixed number of images per prompt (None: spec.extra["max_images"], default 1)
+    frame_end: str = ""              # what the processor appends after the prompt (PaliGemma: "\n")
+    answer_sep: str = " "            # between that and the answer without a chat template (PaliGemma: none)
+    continuation_types: int = 0      # token_type_ids of answer tokens (PaliGemma: 1 = the causal suffix)
+
+
+FAMILIES = {
+    "blip-2": Family(needs_image=True, fallback="as_is", max_images=1),
+    "instructblip": Family(needs_image=True, fallback="as_is", max_images=1),
+    "paligemma": Family(needs_image=True, fallback="image_prefix", max_images=1, frame_end="\n", answer_sep="",
+                        continuation_types=1),
+}
+NOT_INPUTS = ("labels",)             # processor outputs that the forward takes but that are not inputs (a loss)
+# per-token keys (shape [B, L, ...]) and how a continuation extends them: a fill value, or "last" (repeat the
+# prompt's last position, as Mllama's generate does for cross_attention_mask)
+PER_TOKEN = {"token_type_ids": 0, "mm_token_type_ids": 0, "cross_attention_mask": "last"}
 
 
 def _pad(seqs: Sequence[torch.Tensor], value: int, left: bool) -> torch.Tensor:
@@ -56,8 +112,18 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def _accepts(fn, name: str) -> bool:
-    return name in inspect.signature(fn).parameters
+def _params(fn) -> set[str]:
+    return set(inspect.signature(fn).parameters)
+
+
+def _extend(key: str, value: torch.Tensor, width: int, family: Family) -> torch.Tensor:
+    """`value` [B, L, ...] followed by `width` continuation positions (PER_TOKEN's rule for `key`)."""
+    fill = family.continuation_types if key == "token_type_ids" else PER_TOKEN[key]
+    if fill == "last":
+        tail = value[:, -1:].expand(-1, width, *value.shape[2:])
+    else:
+        tail = torch.full((value.shape[0], width, *value.shape[2:]), fill, dtype=value.dtype, device=value.device)
+    return torch.cat([value, tail], 1)
 
 
 class GenerativeBackend:
@@ -69,23 +135,44 @@ class GenerativeBackend:
             load_model(AutoModelForImageTextToText, spec, "a generative image-text model")
         self.processor = processor if processor is not None else load_processor(AutoProcessor, spec)
         self.tokenizer = self.processor.tokenizer
+        cfg = self.model.config
+        self.family = FAMILIES.get(cfg.model_type, Family())
         self.blip = type(self.model).__name__ in QUERY_PREPENDED
         if self.blip:
             self._query_placeholders()
-        cfg = self.model.config
         self.encoder_decoder = bool(getattr(cfg.get_text_config(), "is_encoder_decoder", False))
+        if not self.encoder_decoder:
+            self.tokenizer.padding_side = "left"
         # the module that continues a sequence from a cache: the LM itself (BLIP) or the whole model without pixels
         self.lm = self.model.language_model if self.blip else self.model
-        inner = self.lm if self.blip else getattr(getattr(self.model, "model", None), "language_model", self.model)
-        self.pass_positions = not self.encoder_decoder and _accepts(inner.forward, "position_ids")
-        self.keep_last = {"logits_to_keep": 1} if _accepts(self.lm.forward, "logits_to_keep") else {}
-        self.max_images = 1 if self.blip else int(spec.extra.get("max_images", 1))
+        self.forward_keys = _params(self.model.forward)
+        inner = getattr(self.model, "model", None)
+        if self.encoder_decoder:
+            self.positions = None
+        elif hasattr(inner, "get_rope_index"):
+            self.positions = "mrope"
+        else:
+            lm = self.lm if self.blip else getattr(inner, "language_model", self.model)
+            self.positions = "mask" if "position_ids" in _params(lm.forward) else None
+        self.keep_last = {"logits_to_keep": 1} if "logits_to_keep" in _params(self.lm.forward) else {}
+        fixed = self.family.max_images
+        self.max_images = fixed if fixed is not None else int(spec.extra.get("max_images", 1))
+        self.letter_spellings = spec.extra.get("letter_spellings", "natural")
+        if self.letter_spellings not in LETTER_SPELLINGS:
+            raise ValueError(f"letter_spellings {self.letter_spellings!r}: use one of {', '.join(LETTER_SPELLINGS)}")
         use_template = spec.extra.get("chat_template", True) and getattr(self.processor, "chat_template", None)
-        self.prompt_format = "chat_template" if use_template else ("fallback: prompt as is (query tokens prepended)"
-                                                                   if self.blip else "fallback: <image>\\n per image")
+        self.prompt_format = "chat_template" if use_template else {
+            "as_is": "fallback: prompt as is (the processor places the image tokens)",
+            "image_prefix": "fallback: <image> per image, then the prompt (the processor adds BOS and \\n)",
+            "image_newline": "fallback: <image>\\n per image"}[self.family.fallback]
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else self.tokenizer.eos_token_id
         self.device, self.dtype = input_device(self.model), float_dtype(self.model)
+        # the short-answer VQA frame of the family's paper (BLIP-2 §4.2; InstructBLIP as BLIP-2 with its LM)
+        self.vqa_frame = None if not self.blip else ("Question: {} Short answer:" if self.encoder_decoder
+                                                      else "Question: {} Answer:")
+        self.qformer_max = self._qformer_max()
+        self.qformer_truncated = 0
         self._choice_cache: dict[tuple, list[list[int]]] = {}
 
     def _query_placeholders(self) -> None:
@@ -103,51 +190,115 @@ class GenerativeBackend:
                                      f"({image_id}) is outside the LM's {rows}-row vocabulary")
             cfg.image_token_index = image_id
 
-    # ---- prompts and batches -------------------------------------------------------------------------------
-    def render(self, prompt: str, num_images: int) -> str:
-        if self.prompt_format == "chat_template":
-            content = [{"type": "image"}] * (0 if self.blip else num_images) + [{"type": "text", "text": prompt}]
-            return self.processor.apply_chat_template([{"role": "user", "content": content}],
-                                                      add_generation_prompt=True, tokenize=False)
-        if self.blip:
-            return prompt
-        return (str(self.processor.image_token) + "\n") * num_images + prompt
+    def _qformer_max(self) -> int | None:
+        """InstructBLIP: LAVIS truncates the Q-Former's instruction to `max_txt_len` (128) tokens."""
+        if getattr(self.processor, "qformer_tokenizer", None) is None:
+            return None
+        table = getattr(self.model.config.qformer_config, "max_position_embeddings", QFORMER_MAX_TXT_LEN)
+        return min(QFORMER_MAX_TXT_LEN, table)
 
-    def _example(self, images: Sequence[Image.Image | None], prompt: str) -> dict:
+    # ---- prompts ---------------------------------------------------------------------------------------------
+    def _conversation(self, prompt: str, num_images: int, reply: str | None = None) -> list[dict]:
+        content = [{"type": "image"}] * num_images + [{"type": "text", "text": prompt}]
+        turns = [{"role": "user", "content": content}]
+        if reply is not None:
+            turns.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
+        return turns
+
+    def render(self, prompt: str, num_images: int) -> str:
+        """The text the processor gets for this user turn (chat template or the family's fallback frame)."""
+        if self.prompt_format == "chat_template":
+            return self.processor.apply_chat_template(self._conversation(prompt, 0 if self.blip else num_images),
+                                                      add_generation_prompt=True, tokenize=False)
+        if self.family.fallback == "as_is":
+            return prompt
+        sep = "\n" if self.family.fallback == "image_newline" else ""
+        return (str(self.processor.image_token) + sep) * num_images + prompt
+
+    def _special_tokens(self, text: str) -> bool:
+        """Whether tokenising `text` should add the tokenizer's special tokens: not when it already has BOS."""
+        bos = self.tokenizer.bos_token
+        return not (bos is not None and text.startswith(str(bos)))
+
+    def _text_ids(self, text: str) -> list[int]:
+        """`text` tokenised as the processor's tokenizer does it for the model (image tokens unexpanded)."""
+        return self.tokenizer(text, add_special_tokens=self._special_tokens(text))["input_ids"]
+
+    # ---- batches -----------------------------------------------------------------------------------------------
+    def _images(self, images: Sequence[Image.Image | None]) -> list[Image.Image]:
         imgs = [im for im in images if im is not None]
         if len(imgs) > self.max_images:
             raise ValueError(f"{self.spec.model}: {len(imgs)} images in one prompt, the model takes at most "
-                             f"{self.max_images} (spec.extra['max_images'] for multi-image LLaVA-like models)")
-        if self.blip and not imgs:
+                             f"{self.max_images} (spec.extra['max_images'] for multi-image models)")
+        if self.family.needs_image and not imgs:
             imgs = [blank_image()]
-        enc = self.processor(images=imgs or None, text=self.render(prompt, len(imgs)), return_tensors="pt")
-        return {k: (v[0] if k in LM_KEYS + QFORMER_KEYS else v) for k, v in enc.items()}
+        return imgs
 
-    def _collate(self, items: list[dict]) -> dict:
+    def _groups(self, images) -> list[list[int]]:
+        """Indices of the batch grouped by number of images (one processor call per group), in first-seen order."""
+        groups: dict[int, list[int]] = {}
+        for i, imgs in enumerate(images):
+            groups.setdefault(len(self._images(imgs)), []).append(i)
+        return list(groups.values())
+
+    def _device(self, batch: dict) -> dict:
+        return {k: (v.to(self.device, self.dtype) if v.is_floating_point() else v.to(self.device))
+                for k, v in batch.items()}
+
+    def _encode(self, images, prompts) -> dict:
+        """One processor call for prompts with the same number of images; only the model's forward arguments."""
+        imgs = [self._images(im) for im in images]
+        texts = [self.render(p, len(im)) for p, im in zip(prompts, imgs)]
+        kw = {"add_special_tokens": self._special_tokens(texts[0])}
+        if any(imgs):
+            kw["images"] = imgs
+        enc = self.processor(text=texts, padding=True, return_tensors="pt", **kw)
+        return self._device({k: v for k, v in enc.items()
+                             if k in self.forward_keys and k not in NOT_INPUTS and torch.is_tensor(v)})
+
+    def _blip_example(self, images, prompt: str) -> dict:
+        imgs = self._images(images)
+        enc = self.processor(images=imgs, text=self.render(prompt, len(imgs)), return_tensors="pt")
+        return {k: (v[0] if k in LM_KEYS + QFORMER_KEYS else v) for k, v in enc.items() if k in self.forward_keys}
+
+    def _blip_collate(self, items: list[dict]) -> dict:
         left = not self.encoder_decoder
         batch = {"input_ids": _pad([it["input_ids"] for it in items], self.pad_id, left),
                  "attention_mask": _pad([it["attention_mask"] for it in items], 0, left)}
         if "qformer_input_ids" in items[0]:
             qpad = self.processor.qformer_tokenizer.pad_token_id
-            batch["qformer_input_ids"] = _pad([it["qformer_input_ids"] for it in items], qpad, False)
-            batch["qformer_attention_mask"] = _pad([it["qformer_attention_mask"] for it in items], 0, False)
-        for key in dict.fromkeys(k for it in items for k in it):   # every item's keys: the first may be blind
-            if key not in batch:
-                parts = [it[key] for it in items if key in it]
-                if parts:
-                    batch[key] = torch.cat(parts)
-        return {k: (v.to(self.device, self.dtype) if v.is_floating_point() else v.to(self.device))
-                for k, v in batch.items()}
+            qids = [it["qformer_input_ids"] for it in items]
+            if self.qformer_max is not None:    # as the tokenizer truncates: the closing [SEP] kept
+                self.qformer_truncated += sum(len(q) > self.qformer_max for q in qids)
+                qids = [q if len(q) <= self.qformer_max else torch.cat([q[:self.qformer_max - 1], q[-1:]])
+                        for q in qids]
+            batch["qformer_input_ids"] = _pad(qids, qpad, False)
+            batch["qformer_attention_mask"] = _pad([it["qformer_attention_mask"][:len(q)]
+                                                    for it, q in zip(items, qids)], 0, False)
+        batch["pixel_values"] = torch.cat([it["pixel_values"] for it in items])
+        return self._device(batch)
 
-    def _batch(self, images, prompts) -> tuple[list[dict], dict]:
+    def _batch(self, images, prompts) -> dict:
+        """The model inputs of prompts that share their number of images."""
+        if self.blip:
+            return self._blip_collate([self._blip_example(im, p) for im, p in zip(images, prompts)])
+        return self._encode(images, prompts)
+
+    def _grouped(self, images, prompts, fn) -> torch.Tensor:
+        """fn(sub-batch inputs, indices) -> [n, ...] per group of equal image count, put back in batch order."""
         if len(images) != len(prompts):
             raise ValueError(f"{len(images)} image lists for {len(prompts)} prompts")
-        items = [self._example(imgs, p) for imgs, p in zip(images, prompts)]
-        return items, self._collate(items)
+        out = None
+        for idx in self._groups(images):
+            part = fn(self._batch([images[i] for i in idx], [prompts[i] for i in idx]), idx)
+            if out is None:
+                out = torch.zeros((len(prompts), *part.shape[1:]), dtype=part.dtype)
+            out[idx] = part
+        return out
 
     def _forward(self, batch: dict, **kw):
-        """The whole model on a prepared batch (images included); position ids over real tokens only."""
-        if self.pass_positions:
+        """The whole model on a prepared batch (images included); positions only where the model needs them."""
+        if self.positions == "mask":
             kw["position_ids"] = _positions(batch["attention_mask"])
         return self.model(**batch, **kw)
 
@@ -155,22 +306,48 @@ class GenerativeBackend:
         start = self.model.config.get_text_config().decoder_start_token_id
         return torch.full((n, 1), start, dtype=torch.long, device=self.device)
 
-    # ---- scoring -------------------------------------------------------------------------------------------
-    def choice_ids(self, choices: Sequence[str]) -> list[list[int]]:
-        """Per choice, its single-token spellings ("A", " A") that decode back to it; checked per model."""
+    # ---- the letter rule ---------------------------------------------------------------------------------------
+    def _natural_token(self, prompt: str, choice: str) -> list[int]:
+        """The token the model writes as its answer `choice` after the prompt (empty when that is not one token);
+        encoder-decoder LMs: the decoder's first token of `choice` (the answer starts the decoder's text)."""
+        if self.encoder_decoder:
+            ids = self.tokenizer(choice, add_special_tokens=False)["input_ids"]
+            ok = len(ids) == 1 and ids[0] != self.tokenizer.unk_token_id
+            return ids if ok and self.tokenizer.decode(ids).strip() == choice.strip() else []
+        if self.prompt_format == "chat_template":
+            n = 0 if self.blip else 1
+            before = self.render(prompt, n)
+            after = self.processor.apply_chat_template(self._conversation(prompt, 0 if self.blip else n, choice),
+                                                       add_generation_prompt=False, tokenize=False)
+        else:
+            before = self.render(prompt, 1) + self.family.frame_end
+            after = before + self.family.answer_sep + choice
+        head, full = self._text_ids(before), self._text_ids(after)
+        if full[:len(head)] != head or len(full) == len(head):
+            return []
+        token = full[len(head)]
+        return [token] if self.tokenizer.decode([token]).strip() == choice.strip() else []
+
+    def _all_spellings(self, choice: str) -> list[int]:
+        tok, ids = self.tokenizer, []
+        for spelling in (choice, " " + choice):
+            t = tok(spelling, add_special_tokens=False)["input_ids"]
+            if len(t) == 1 and t[0] != tok.unk_token_id and tok.decode(t).strip() == choice.strip() and t[0] not in ids:
+                ids.append(t[0])
+        return ids
+
+    def choice_ids(self, choices: Sequence[str], prompt: str = "Question: ? Short Answer:") -> list[list[int]]:
+        """Per choice, the token(s) scored: the natural answer token (letter_spellings "natural", one each) or
+        every single-token spelling ("all"); checked per model."""
         key = tuple(choices)
         if key not in self._choice_cache:
-            tok, seen, out = self.tokenizer, {}, []
+            seen, out = {}, []
             for c in choices:
-                ids = []
-                for spelling in (c, " " + c):
-                    t = tok(spelling, add_special_tokens=False)["input_ids"]
-                    if len(t) == 1 and t[0] != tok.unk_token_id and tok.decode(t).strip() == c.strip() \
-                            and t[0] not in ids:
-                        ids.append(t[0])
+                ids = self._natural_token(prompt, c) if self.letter_spellings == "natural" else self._all_spellings(c)
                 if not ids:
                     raise ChoiceTokenError(f"{self.spec.model}: the choice {c!r} is not a single token of its "
-                                           f"tokenizer; score this model with the open rule (--rule open)")
+                                           f"tokenizer after the prompt; score this model with the open rule "
+                                           f"(--rule open)")
                 for i in ids:
                     if i in seen:
                         raise ChoiceTokenError(f"{self.spec.model}: choices {seen[i]!r} and {c!r} share the token "
@@ -182,42 +359,64 @@ class GenerativeBackend:
 
     @torch.inference_mode()
     def choice_logits(self, images, prompts, choices) -> torch.Tensor:
-        ids = self.choice_ids(choices)
-        _, batch = self._batch(images, prompts)
-        if self.encoder_decoder:
-            logits = self.model(**batch, decoder_input_ids=self._start(len(prompts))).logits[:, -1]
-        else:
-            logits = self._forward(batch, **self.keep_last).logits[:, -1]
-        logits = logits.float().cpu()
-        return torch.stack([logits[:, c].max(dim=1).values for c in ids], dim=1)
+        ids = self.choice_ids(choices, prompts[0] if prompts else "")
 
-    def _continuation_ids(self, continuations, n_prompts: int) -> tuple[list[torch.Tensor], int]:
-        if len(continuations) != n_prompts:
-            raise ValueError(f"{len(continuations)} continuation lists for {n_prompts} prompts")
+        def run(batch, idx):
+            if self.encoder_decoder:
+                logits = self.model(**batch, decoder_input_ids=self._start(len(idx))).logits[:, -1]
+            else:
+                logits = self._forward(batch, **self.keep_last).logits[:, -1]
+            logits = logits.float().cpu()
+            return torch.stack([torch.logsumexp(logits[:, c], dim=1) for c in ids], dim=1)
+        return self._grouped(images, prompts, run)
+
+    # ---- continuations -----------------------------------------------------------------------------------------
+    def continuation_ids(self, prompt: str, continuation: str, num_images: int = 1) -> list[int]:
+        """The tokens `continuation` adds after the rendered prompt (decoder-only LMs; checked to be a prefix),
+        or the continuation tokenised alone (encoder-decoder LMs: the decoder starts from its start token)."""
+        if self.encoder_decoder:
+            ids = self.tokenizer(continuation, add_special_tokens=False)["input_ids"]
+        else:
+            text = self.render(prompt, num_images)
+            if self.prompt_format != "chat_template":
+                text += self.family.frame_end
+                if not self.family.answer_sep:
+                    continuation = continuation.lstrip()
+            head, full = self._text_ids(text), self._text_ids(text + continuation)
+            if full[:len(head)] != head:
+                raise ValueError(f"{self.spec.model}: the prompt's tokens change when {continuation!r} follows it "
+                                 "(the continuation merges with the prompt's last token)")
+            ids = full[len(head):]
+        if not ids:
+            raise ValueError(f"{self.spec.model}: continuation {continuation!r} has no tokens")
+        return ids
+
+    def _continuation_ids(self, images, prompts, continuations) -> tuple[list[torch.Tensor], int]:
+        if len(continuations) != len(prompts):
+            raise ValueError(f"{len(continuations)} continuation lists for {len(prompts)} prompts")
         k = len(continuations[0])
         if any(len(c) != k for c in continuations):
             raise ValueError("every prompt needs the same number of continuations")
-        flat = []
-        for conts in continuations:
-            for c in conts:
-                t = self.tokenizer(c, add_special_tokens=False)["input_ids"]
-                if not t:
-                    raise ValueError(f"{self.spec.model}: continuation {c!r} has no tokens")
-                flat.append(torch.tensor(t, dtype=torch.long))
+        flat = [torch.tensor(self.continuation_ids(p, c, len(self._images(im))), dtype=torch.long)
+                for im, p, conts in zip(images, prompts, continuations) for c in conts]
         return flat, k
 
     @torch.inference_mode()
     def continuation_logprobs(self, images, prompts, continuations, *, reuse_cache: bool = True):
-        flat, k = self._continuation_ids(continuations, len(prompts))
-        items, batch = self._batch(images, prompts)
-        if not reuse_cache:
-            sums = self._full_forwards(items, batch, flat, k)
-        elif self.encoder_decoder:
-            sums = self._decoder_on_encoder(batch, flat, k)
-        else:
-            sums = self._on_cache(batch, flat, k)
+        flat, k = self._continuation_ids(images, prompts, continuations)
+
+        def run(batch, idx):
+            conts = [flat[i * k + j] for i in idx for j in range(k)]
+            if not reuse_cache:
+                sums = self._full_forwards(batch, conts, k)
+            elif self.encoder_decoder:
+                sums = self._decoder_on_encoder(batch, conts, k)
+            else:
+                sums = self._on_cache(batch, conts, k)
+            return sums.view(len(idx), k)
+        sums = self._grouped(images, prompts, run)
         counts = torch.tensor([len(t) for t in flat], dtype=torch.long).view(len(prompts), k)
-        return sums.view(len(prompts), k), counts
+        return sums, counts
 
     @staticmethod
     def _gather(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -230,6 +429,15 @@ class GenerativeBackend:
         mask = _pad([torch.ones_like(t) for t in flat], 0, left=False).to(self.device)
         return ids, mask
 
+    def _per_token(self, batch: dict, width: int, only_new: bool) -> dict:
+        """The batch's per-token keys extended over `width` continuation positions (only those if `only_new`)."""
+        out = {}
+        for key in PER_TOKEN:
+            if key in batch:
+                full = _extend(key, batch[key], width, self.family)
+                out[key] = full[:, -width:] if only_new else full
+        return out
+
     def _on_cache(self, batch: dict, flat: list[torch.Tensor], k: int) -> torch.Tensor:
         out = self._forward(batch, use_cache=True, **self.keep_last)
         cache = out.cache if getattr(out, "cache", None) is not None else out.language_model_outputs.cache
@@ -237,8 +445,16 @@ class GenerativeBackend:
         first = out.logits[:, -1:].repeat_interleave(k, dim=0)                   # predicts each first token
         prefix_mask = batch["attention_mask"].repeat_interleave(k, dim=0)
         ids, mask = self._cont_batch(flat)
-        kw = {"position_ids": prefix_mask.sum(1, keepdim=True) + torch.arange(ids.shape[1], device=self.device)} \
-            if self.pass_positions else {}
+        kw = {}
+        if self.positions is not None:
+            text = prefix_mask.sum(1, keepdim=True) + torch.arange(ids.shape[1], device=self.device)
+            if self.positions == "mrope":   # what generate passes: text positions + the prompt's rope deltas
+                text = text + self.model.model.rope_deltas.repeat_interleave(k, dim=0).to(self.device)
+            kw["position_ids"] = text
+        if not self.blip:
+            extra = self._per_token({key: v.repeat_interleave(k, dim=0) for key, v in batch.items()
+                                     if key in PER_TOKEN}, ids.shape[1], only_new=True)
+            kw.update(extra)
         rest = self.lm(input_ids=ids, attention_mask=torch.cat([prefix_mask, mask], 1), cache=cache,
                        use_cache=False, **kw).logits
         return self._gather(torch.cat([first, rest[:, :-1]], 1), ids, mask)
@@ -253,34 +469,57 @@ class GenerativeBackend:
                          ).logits
         return self._gather(logits, ids, mask)
 
-    def _full_forwards(self, items: list[dict], batch: dict, flat: list[torch.Tensor], k: int) -> torch.Tensor:
-        """No reuse: K forwards of the whole model (images included), one per continuation index."""
-        sums = torch.zeros(len(items), k)
+    def _full_forwards(self, batch: dict, flat: list[torch.Tensor], k: int) -> torch.Tensor:
+        """No reuse: K forwards of the whole model (images included), one per continuation index. Each row is
+        [left pads][prompt][continuation][right pads]: the real tokens stay contiguous."""
+        n = len(batch["input_ids"])
+        sums = torch.zeros(n, k)
         for j in range(k):
-            conts = [flat[i * k + j] for i in range(len(items))]
+            conts = [flat[i * k + j] for i in range(n)]
             ids, mask = self._cont_batch(conts)
             if self.encoder_decoder:
-                dec_in = torch.cat([self._start(len(conts)), ids[:, :-1]], 1)
+                dec_in = torch.cat([self._start(n), ids[:, :-1]], 1)
                 logits = self.model(**batch, decoder_input_ids=dec_in).logits
                 sums[:, j] = self._gather(logits, ids, mask)
                 continue
-            joined = [dict(it, input_ids=torch.cat([it["input_ids"], c]),
-                           attention_mask=torch.cat([it["attention_mask"], torch.ones_like(c)])) for it, c in zip(items, conts)]
-            full = self._collate(joined)
-            width = ids.shape[1]   # left padding: every sequence ends at the last column
+            width = ids.shape[1]
+            full = dict(batch, input_ids=torch.cat([batch["input_ids"], ids], 1),
+                        attention_mask=torch.cat([batch["attention_mask"], mask], 1),
+                        **self._per_token(batch, width, only_new=False))
             keep = {"logits_to_keep": width + 1} if self.keep_last else {}
             pred = self._forward(full, **keep).logits[:, -width - 1:-1]
-            shifted = _pad([c for c in conts], self.pad_id, left=True).to(self.device)
-            smask = _pad([torch.ones_like(c) for c in conts], 0, left=True).to(self.device)
-            sums[:, j] = self._gather(pred, shifted, smask)
+            sums[:, j] = self._gather(pred, ids, mask)
         return sums.flatten()
 
     @torch.inference_mode()
     def generate(self, images, prompts, max_new_tokens: int) -> list[str]:
-        _, batch = self._batch(images, prompts)
-        out = self.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                                  pad_token_id=self.pad_id)
-        width = batch["input_ids"].shape[1]
-        if not self.encoder_decoder and out.shape[1] >= width and torch.equal(out[:, :width], batch["input_ids"]):
-            out = out[:, width:]
-        return [t.strip() for t in self.tokenizer.batch_decode(out, skip_special_tokens=True)]
+        if len(images) != len(prompts):
+            raise ValueError(f"{len(images)} image lists for {len(prompts)} prompts")
+        answers: list[str] = [""] * len(prompts)
+        for idx in self._groups(images):
+            batch = self._batch([images[i] for i in idx], [prompts[i] for i in idx])
+            out = self.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                                      pad_token_id=self.pad_id)
+            width = batch["input_ids"].shape[1]
+            if not self.encoder_decoder and out.shape[1] >= width and torch.equal(out[:, :width], batch["input_ids"]):
+                out = out[:, width:]
+            for i, text in zip(idx, self.tokenizer.batch_decode(out, skip_special_tokens=True)):
+                answers[i] = text.strip()
+        return answers
+
+
+LETTER_ANSWER = re.compile(r"^\W*([A-Z])(?:\W|$)")
+
+
+def parse_choice(answer: str, letters: Sequence[str], options: Sequence[str]) -> int | None:
+    """The option a generated answer names: its leading letter ("B", "(B)", "B. rice"), else the one option
+    text it equals or contains (case-insensitive); None when it names none or several."""
+    m = LETTER_ANSWER.match(answer.strip())
+    if m and m.group(1) in letters:
+        return list(letters).index(m.group(1))
+    text = answer.strip().lower().rstrip(".")
+    exact = [i for i, o in enumerate(options) if o.strip().lower() == text]
+    if len(exact) == 1:
+        return exact[0]
+    within = [i for i, o in enumerate(options) if o.strip() and o.strip().lower() in text]
+    return within[0] if len(within) == 1 else None

@@ -21,7 +21,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                         help='backend options (ModelSpec.extra), e.g. \'{"max_images": 2}\' for a multi-image '
                              'LLaVA-like model or \'{"image_model": "..."}\' for M-CLIP')
     parser.add_argument("--rule", default=None,
-                        help="xvnli/marvl: letter (default) | likelihood; xgqa: generate (default) | closed")
+                        help="xvnli/marvl: letter (default) | likelihood | generate (greedy answer parsed to an option); "
+                             "xgqa: generate (default) | closed")
     parser.add_argument("--lang", required=True)
     parser.add_argument("--protocol", default="zero-shot", choices=sorted(PROTOCOLS))
     parser.add_argument("--data_root", default=None, help="IGLUE's datasets/ folder (finds the test / _mt file)")

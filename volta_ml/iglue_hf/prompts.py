@@ -7,16 +7,22 @@ of the first example is written into every result file, so what the model saw is
 Rules:
 - `letter`: the options are listed as letters and the next-token logits of the letters decide.
 - `likelihood`: the sum of log-probabilities of each label word as the answer decides.
-- `generate` (xGQA): greedy short answer, normalised and matched exactly against the GQA answer.
+- `generate` (xGQA): greedy short answer, normalised and matched exactly against the GQA answer;
+  (XVNLI, MaRVL): the letter prompt, the greedy answer parsed to a letter or matched to a label word, as
+  generation-based harnesses score multiple choice (the parse-failure rate is reported beside the accuracy).
 - `closed` (xGQA): the GQA answer vocabulary ranked by the likelihood of each answer (for models that ramble).
 - `embedding` (retrieval): no prompt; the caption itself is embedded.
-Changing any text here changes results: bump PROMPTS_VERSION.
+A backend may carry `vqa_frame`, the frame its family's paper used for short-answer VQA; xGQA's user turn is then
+that frame around the question instead of the instruction above (BLIP-2 and InstructBLIP, whose LMs were not
+instruction-tuned on it: "Question: {} Answer:" for decoder-only LMs (OPT, BLOOM), "Question: {} Short answer:"
+for T5 LMs, BLIP-2 paper §4.2).
+Changing any text here changes results: bump PROMPTS_VERSION (v2: the BLIP-family VQA frames).
 """
 from __future__ import annotations
 
 from .data import Example
 
-PROMPTS_VERSION = "iglue-hf-prompts-v1"
+PROMPTS_VERSION = "iglue-hf-prompts-v2"
 
 XVNLI_LABELS = ("entailment", "neutral", "contradiction")
 MARVL_LABELS = ("true", "false")
@@ -43,6 +49,8 @@ TEMPLATES = {
         "{layout}\nStatement: {text}\nIs the statement true or false for the two pictures? "
         "Answer with one word: true or false."),
 }
+TEMPLATES[("xvnli", "generate")] = TEMPLATES[("xvnli", "letter")]
+TEMPLATES[("marvl", "generate")] = TEMPLATES[("marvl", "letter")]
 MARVL_LAYOUTS = {
     "canvas": "The image shows two pictures side by side: the left picture and the right picture.",
     "multi": "The first image is the left picture and the second image is the right picture.",
@@ -50,8 +58,11 @@ MARVL_LAYOUTS = {
 OPTIONS = {"xvnli": XVNLI_LABELS, "marvl": MARVL_LABELS}
 
 
-def user_turn(task: str, rule: str, example: Example, layout: str | None = None) -> str:
-    """The user turn for `example` (MaRVL also needs the image `layout`: canvas | multi)."""
+def user_turn(task: str, rule: str, example: Example, layout: str | None = None, vqa_frame: str | None = None) -> str:
+    """The user turn for `example` (MaRVL also needs the image `layout`: canvas | multi; xGQA takes the model
+    family's `vqa_frame`, e.g. "Question: {} Answer:", when it has one)."""
+    if task == "xgqa" and vqa_frame and (task, rule) in TEMPLATES:
+        return vqa_frame.format(example.text)
     try:
         template = TEMPLATES[(task, rule)]
     except KeyError:

@@ -82,9 +82,24 @@ def _closed_predict(arrays, context):
     return [context["vocabulary"][i] for i in arrays["best"].tolist()]
 
 
+def _parsed_predict(task):
+    """The label a generated answer names (its letter or a label word); "" when it names none (counted wrong)."""
+    def predict(arrays, context):
+        from volta_ml.hf.mllm import parse_choice
+        out = []
+        for answer in arrays["answers"].tolist():
+            choice = parse_choice(answer, letter_choices(task), OPTIONS[task])
+            out.append("" if choice is None else OPTIONS[task][choice])
+        return out
+    return predict
+
+
 def _choice_rules(task: str) -> dict[str, Rule]:
     labels = ", ".join(OPTIONS[task])
     return {
+        "generate": Rule("generate", _generate_score, _parsed_predict(task),
+                         f"greedy answer to the letter prompt, parsed to a letter or a label word ({labels}); "
+                         "unparsed answers count wrong (parse_failure_rate)"),
         "letter": Rule("letter", _letter_score(task), _argmax_options(task),
                        f"next-token logits of the option letters {', '.join(letter_choices(task))} ({labels})"),
         "likelihood": Rule("likelihood", _likelihood_score(task), _argmax_options(task),

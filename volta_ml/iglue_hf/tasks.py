@@ -21,7 +21,7 @@ from volta_ml.tasks.retrieval_metrics import top_images
 
 from .images import side_by_side
 from .kinds import NEEDS
-from .prompts import user_turn
+from .prompts import OPTIONS, user_turn
 from .scoring import accuracy, get_rule
 
 KIND_OF = (("dual encoder", DualEncoder), ("generative", Generative))
@@ -64,7 +64,8 @@ def example_images(example, source, layout: str | None) -> list:
 def run_generative(backend, task, rule_name, examples, source, *, info, work_dir, fingerprint, opts, out_dir, split):
     rule = get_rule(task, rule_name)
     layout = marvl_layout(backend, opts["marvl_layout"]) if task == "marvl" else None
-    prompts = [user_turn(task, rule_name, e, layout) for e in examples]
+    frame = getattr(backend, "vqa_frame", None)
+    prompts = [user_turn(task, rule_name, e, layout, frame) for e in examples]
     context = {"max_new_tokens": opts["max_new_tokens"], "vocabulary": opts["vocabulary"]}
     batch = max(1, opts["batch_size"])
 
@@ -85,6 +86,9 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
     predictions = rule.predict(arrays, context)
     gold = [e.label for e in examples]
     score = accuracy(predictions, gold)
+    metrics = {"score": score}
+    if rule_name == "generate" and task in OPTIONS:          # multiple choice by generation: unparsed answers
+        metrics["parse_failure_rate"] = 100.0 * sum(p == "" for p in predictions) / max(1, len(predictions))
     rows = [{"id": e.id, "line": e.line, "prediction": p, "label": e.label}
             for e, p in zip(examples, predictions)]
     if "answers" in arrays:
@@ -93,10 +97,11 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
     write_predictions(out_dir / "predictions.jsonl", rows)
     log_score(task, score)
     n_images = 1 if layout == "canvas" else len(examples[0].images)   # a MaRVL canvas is one image
-    return {"metrics": {"score": score}, "n_examples": len(examples), "rule_description": rule.describe,
+    return {"metrics": metrics, "n_examples": len(examples), "rule_description": rule.describe,
             "marvl_layout": layout, "first_prompt": prompts[0],
             "first_prompt_rendered": backend.render(prompts[0], n_images),
-            "prompt_format": getattr(backend, "prompt_format", None)}
+            "prompt_format": getattr(backend, "prompt_format", None),
+            "qformer_truncated": getattr(backend, "qformer_truncated", None)}
 
 
 def write_predictions(path, rows: list[dict]) -> None:

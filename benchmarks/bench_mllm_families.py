@@ -1,0 +1,146 @@
+"""Questions/s of the `mllm` backend for each current family (tests/helpers_vlm_families.py), batch 1 vs 8.
+
+Each family's tiny test folder gives the processor (and so the image-token counts of the test's small image
+sizes: 4-64 image tokens per photo, not the real checkpoints' hundreds) and the config, which is widened to the
+real checkpoint's text and vision widths and vocabulary (`REAL`), with 2 text and 2 vision layers and random
+weights. One question = one photo + the CVQA letter prompt (~30 words); the letter rule (one forward per
+question) is timed at batch 1 (one question per call) and batch 8, median of `--repeats`, in one process.
+
+    python benchmarks/bench_mllm_families.py                       # every family, real widths (CPU: minutes)
+    python benchmarks/bench_mllm_families.py --quick               # the tiny test widths (a smoke run)
+    python benchmarks/bench_mllm_families.py --families qwen2-vl internvl --device cuda
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from volta_ml.hf.base import ModelSpec  # noqa: E402
+
+# text: hidden, intermediate, heads, kv heads, head dim, vocabulary; vision: hidden, intermediate, heads
+REAL = {
+    "qwen2-vl": ((1536, 8960, 12, 2, 128, 151936), (1280, 5120, 16)),           # Qwen2-VL-2B
+    "qwen2.5-vl": ((2048, 11008, 16, 2, 128, 151936), (1280, 3420, 16)),        # Qwen2.5-VL-3B
+    "qwen3-vl": ((2048, 6144, 16, 8, 128, 151936), (1024, 4096, 16)),           # Qwen3-VL-2B
+    "gemma3": ((2560, 10240, 8, 4, 256, 262208), (1152, 4304, 16)),             # gemma-3-4b
+    "paligemma": ((2048, 16384, 8, 1, 256, 257216), (1152, 4304, 16)),          # paligemma-3b
+    "idefics3": ((2048, 8192, 32, 32, 64, 49155), (1152, 4304, 16)),            # SmolVLM-Instruct
+    "smolvlm2": ((2048, 8192, 32, 32, 64, 49280), (1152, 4304, 16)),            # SmolVLM2-2.2B
+    "llava-next": ((4096, 14336, 32, 8, 128, 32064), (1024, 4096, 16)),         # llava-v1.6-mistral-7b
+    "llava-onevision": ((896, 4864, 14, 2, 64, 151647), (1152, 4304, 16)),      # llava-onevision-qwen2-0.5b
+    "mistral3": ((5120, 32768, 32, 8, 128, 131072), (1024, 4096, 16)),          # Mistral-Small-3.1-24B
+    "mllama": ((4096, 14336, 32, 8, 128, 128256), (1280, 5120, 16)),            # Llama-3.2-11B-Vision
+    "aya-vision": ((4096, 14336, 32, 8, 128, 256000), (1152, 4304, 16)),        # aya-vision-8b
+    "internvl": ((896, 4864, 14, 2, 64, 151674), (1024, 4096, 16)),             # InternVL3-1B
+}
+PROMPT = ("Location: Brazil. Question: which traditional food is shown in this picture of the market? Options: "
+          "A. rice and beans B. a fish stew C. cheese bread D. grilled meat Short Answer:")
+
+
+def widen(cfg, family: str) -> None:
+    """The config at the real widths of `family` (layers kept at 2; derived sizes follow)."""
+    (hidden, inter, heads, kv, head_dim, vocab), (v_hidden, v_inter, v_heads) = REAL[family]
+    text, vision = cfg.get_text_config(), cfg.vision_config
+    text.hidden_size, text.intermediate_size, text.num_attention_heads = hidden, inter, heads
+    text.num_key_value_heads, text.head_dim, text.vocab_size = kv, head_dim, vocab
+    text.num_hidden_layers = 2
+    if getattr(text, "query_pre_attn_scalar", None):
+        text.query_pre_attn_scalar = head_dim
+    rope = getattr(text, "rope_parameters", None) or {}
+    if "mrope_section" in rope:
+        half = head_dim // 2
+        rope["mrope_section"] = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
+    if family == "qwen2-vl":                  # vision width is embed_dim; hidden_size is the merger's output
+        vision.embed_dim, vision.hidden_size, vision.num_heads = v_hidden, hidden, v_heads
+    else:
+        vision.hidden_size, vision.intermediate_size = v_hidden, v_inter
+        for key in ("num_attention_heads", "num_heads", "attention_heads"):
+            if hasattr(vision, key):
+                setattr(vision, key, v_heads)
+        if hasattr(vision, "out_hidden_size"):
+            vision.out_hidden_size = hidden
+        if hasattr(vision, "head_dim"):
+            vision.head_dim = v_hidden // v_heads
+        if hasattr(vision, "vision_output_dim"):
+            vision.vision_output_dim = v_hidden * (len(vision.intermediate_layers_indices) + 1)
+        if hasattr(vision, "projection_dim"):
+            vision.projection_dim = hidden
+    if family == "paligemma":                 # its projector maps to the top-level projection_dim
+        cfg.projection_dim = cfg.hidden_size = hidden
+    if hasattr(vision, "num_hidden_layers"):
+        vision.num_hidden_layers = 2
+    elif hasattr(vision, "depth"):
+        vision.depth = 2
+
+
+def backend(family: str, root: Path, quick: bool, device: str, dtype: str):
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    from helpers_vlm_families import build_family
+    from volta_ml.hf.loading import DTYPES
+    from volta_ml.hf.mllm import GenerativeBackend
+    path = build_family(family, root)
+    cfg = AutoConfig.from_pretrained(path)
+    if not quick:
+        widen(cfg, family)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(cfg).to(device, DTYPES[dtype]).eval()
+    return GenerativeBackend(ModelSpec(str(path), device=device, dtype=dtype), model, AutoProcessor.from_pretrained(path))
+
+
+def questions_per_second(b, batch: int, n: int, repeats: int) -> float:
+    from helpers_hf import images
+    photos = [[im] for im in images(n, seed=1, size=(64, 48))]
+    prompts = [PROMPT] * n
+
+    def run():
+        for i in range(0, n, batch):
+            b.choice_logits(photos[i:i + batch], prompts[i:i + batch], list("ABCD"))
+    run()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t)
+    return n / statistics.median(times)
+
+
+def main(argv=None) -> list[dict]:
+    from helpers_vlm_families import FAMILIES
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    ap.add_argument("--quick", action="store_true", help="the tiny test widths (a smoke run)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
+    ap.add_argument("--questions", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
+        print("| family | widths | batch 1 q/s | batch 8 q/s | speedup |")
+        print("|---|---|---|---|---|")
+        for family in args.families:
+            b = backend(family, Path(tmp), args.quick, args.device, args.dtype)
+            one = questions_per_second(b, 1, args.questions, args.repeats)
+            eight = questions_per_second(b, 8, args.questions, args.repeats)
+            rows.append({"family": family, "batch1": one, "batch8": eight})
+            widths = "tiny" if args.quick else f"real, 2 layers ({sum(p.numel() for p in b.model.parameters()) / 1e6:.0f}M)"
+            print(f"| {family} | {widths} | {one:.2f} | {eight:.2f} | {eight / one:.2f}x |", flush=True)
+            del b
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,414 @@
+"""Tiny random models of the current open image-text families, saved as local folders (no downloads).
+
+Each builder makes a randomly initialised `transformers` model from its config classes (2 text layers, 1-2 vision
+layers, widths of 32-64), a stand-in tokenizer TRAINED here of the real checkpoint's kind (byte-level BPE for
+Qwen, Llama 3, SmolLM, tekken, Cohere; SentencePiece-like Unigram with Metaspace for Gemma, Llama 2 / Vicuna),
+the family's own processor with small image sizes, and a short chat template shaped like the real checkpoint's
+(written here: the same turn markers, BOS and generation prompt). `build_family(name, root)` builds once per
+root (tests use `shared_root()`, one folder per test process); `FAMILIES` maps the name used in test ids to its
+builder.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+from tests.helpers_hf import CORPUS
+
+HIDDEN = 64
+TEXT = dict(hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=4096)
+
+
+def _bytelevel(specials: list[str], bos: str | None = None, vocab: int = 400) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS + [" A B C D", "A B C D"] * 5, trainer)
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
+    return tok
+
+
+def _sentencepiece(specials: list[str], bos: str | None = None, vocab: int = 300) -> Tokenizer:
+    """Unigram + Metaspace (Gemma / Llama-2 style; "▁A" is the letter after a space)."""
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=vocab, special_tokens=specials, unk_token="<unk>",
+                                      show_progress=False)
+    tok.train_from_iterator(CORPUS * 3 + ["A B C D"] * 5, trainer)
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
+    return tok
+
+
+def _fast(tok: Tokenizer, **kw) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **kw)
+
+
+def _text(tok, **kw) -> dict:
+    return dict(TEXT, vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                eos_token_id=tok.eos_token_id, **kw)
+
+
+def _save(model, processor, out: Path) -> Path:
+    """Save both; a weight matrix left at zero by the family's init (Gemma 3's image projection) gets random
+    values, so that the image reaches the scores of a random model."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and not p.any():
+                p.normal_(0.0, 0.02)
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval().save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def _content(image: str, text: str = "{{ c['text'] }}") -> str:
+    """Jinja for a message's content list: `image` for each image part, the text part(s) as they come."""
+    return ("{% for c in m['content'] %}{% if c['type'] == 'image' %}" + image + "{% else %}" + text +
+            "{% endif %}{% endfor %}")
+
+
+# ---- Qwen2-VL / Qwen2.5-VL / Qwen3-VL (byte-level BPE, ChatML, M-RoPE) ------------------------------------------
+QWEN_TEMPLATE = ("{% for m in messages %}{% if loop.first and m['role'] != 'system' %}<|im_start|>system\n"
+                 "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ m['role'] }}\n"
+                 + _content("<|vision_start|><|image_pad|><|vision_end|>") + "<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                 "<|image_pad|>", "<|video_pad|>"]
+
+
+def _qwen_tok():
+    return _fast(_bytelevel(QWEN_SPECIALS), eos_token="<|im_end|>", pad_token="<|endoftext|>")
+
+
+def _qwen(out: Path, version: str) -> Path:
+    from transformers import AutoProcessor
+    import transformers as tf
+    tok = _qwen_tok()
+    tok.chat_template = QWEN_TEMPLATE
+    ids = {k: tok.convert_tokens_to_ids(t) for k, t in (("image_token_id", "<|image_pad|>"),
+                                                        ("video_token_id", "<|video_pad|>"),
+                                                        ("vision_start_token_id", "<|vision_start|>"),
+                                                        ("vision_end_token_id", "<|vision_end|>"))}
+    head = HIDDEN // TEXT["num_attention_heads"]
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [head // 4, head // 8, head // 8]}
+    if version == "qwen2":
+        cfg = tf.Qwen2VLConfig(text_config=_text(tok, rope_parameters=rope),
+                               vision_config=dict(depth=1, embed_dim=32, hidden_size=HIDDEN, num_heads=2,
+                                                  patch_size=14, spatial_merge_size=2), **ids)
+        model_cls, ip_cls, proc_cls = tf.Qwen2VLForConditionalGeneration, tf.Qwen2VLImageProcessor, tf.Qwen2VLProcessor
+    elif version == "qwen2.5":
+        cfg = tf.Qwen2_5_VLConfig(text_config=_text(tok, rope_parameters=rope),
+                                  vision_config=dict(depth=1, hidden_size=32, out_hidden_size=HIDDEN, num_heads=2,
+                                                     intermediate_size=64, patch_size=14, spatial_merge_size=2,
+                                                     window_size=56, fullatt_block_indexes=[0]), **ids)
+        model_cls, ip_cls, proc_cls = (tf.Qwen2_5_VLForConditionalGeneration, tf.Qwen2VLImageProcessor,
+                                       tf.Qwen2_5_VLProcessor)
+    else:
+        rope3 = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [head // 4, head // 8, head // 8],
+                 "mrope_interleaved": True}
+        cfg = tf.Qwen3VLConfig(text_config=_text(tok, rope_parameters=rope3, head_dim=head),
+                               vision_config=dict(depth=2, hidden_size=32, out_hidden_size=HIDDEN, num_heads=2,
+                                                  intermediate_size=64, patch_size=16, spatial_merge_size=2,
+                                                  num_position_embeddings=64, deepstack_visual_indexes=[0]), **ids)
+        model_cls, ip_cls, proc_cls = (tf.Qwen3VLForConditionalGeneration, tf.Qwen2VLImageProcessor,
+                                       tf.Qwen3VLProcessor)
+    patch = 16 if version == "qwen3" else 14
+    ip = ip_cls(min_pixels=(2 * patch) ** 2 * 4, max_pixels=(2 * patch) ** 2 * 9, patch_size=patch, merge_size=2)
+    vp_cls = tf.Qwen3VLVideoProcessor if version == "qwen3" else tf.Qwen2VLVideoProcessor
+    kw = {"video_processor": vp_cls(patch_size=patch, merge_size=2)}
+    torch.manual_seed(20)
+    proc = proc_cls(image_processor=ip, tokenizer=tok, chat_template=QWEN_TEMPLATE, **kw)
+    return _save(model_cls(cfg), proc, out)
+
+
+def build_qwen2_vl(out: Path) -> Path:
+    return _qwen(out, "qwen2")
+
+
+def build_qwen2_5_vl(out: Path) -> Path:
+    return _qwen(out, "qwen2.5")
+
+
+def build_qwen3_vl(out: Path) -> Path:
+    return _qwen(out, "qwen3")
+
+
+# ---- Gemma 3 / PaliGemma (SentencePiece-like, Gemma turn markers; PaliGemma: no template, prefix-LM) -----------
+GEMMA3_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' "
+                   "else m['role'] }}\n" + _content("<start_of_image>", "{{ c['text'] | trim }}") +
+                   "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+VISION_SIGLIP = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, image_size=32, patch_size=8)
+
+
+def _gemma_text(tok, **kw) -> dict:
+    return _text(tok, head_dim=16, query_pre_attn_scalar=16, sliding_window=512, **kw)
+
+
+def build_gemma3(out: Path) -> Path:
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor, Gemma3Processor
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
+                "<end_of_image>", "<image_soft_token>"]
+    tok = _fast(_sentencepiece(specials, bos="<bos>"), bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                unk_token="<unk>", extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                                                         "image_token": "<image_soft_token>"})
+    ids = {k: tok.convert_tokens_to_ids(t) for k, t in (("boi_token_index", "<start_of_image>"),
+                                                        ("eoi_token_index", "<end_of_image>"),
+                                                        ("image_token_index", "<image_soft_token>"))}
+    cfg = Gemma3Config(text_config=dict(model_type="gemma3_text", **_gemma_text(tok)), vision_config=VISION_SIGLIP,
+                       mm_tokens_per_image=4, **ids)
+    torch.manual_seed(21)
+    proc = Gemma3Processor(image_processor=Gemma3ImageProcessor(size={"height": 32, "width": 32}), tokenizer=tok,
+                           image_seq_length=4, chat_template=GEMMA3_TEMPLATE)
+    return _save(Gemma3ForConditionalGeneration(cfg), proc, out)
+
+
+def build_paligemma(out: Path) -> Path:
+    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration, PaliGemmaProcessor, SiglipImageProcessor
+    tok = _fast(_sentencepiece(["<pad>", "<eos>", "<bos>", "<unk>", "<image>"], bos="<bos>"), bos_token="<bos>",
+                eos_token="<eos>", pad_token="<pad>", unk_token="<unk>", extra_special_tokens={"image_token": "<image>"})
+    ip = SiglipImageProcessor(size={"height": 32, "width": 32})
+    ip.image_seq_length = 16
+    cfg = PaliGemmaConfig(text_config=dict(model_type="gemma", **_text(tok, head_dim=16)),
+                          vision_config=dict(VISION_SIGLIP, projection_dim=HIDDEN), projection_dim=HIDDEN,
+                          hidden_size=HIDDEN, image_token_index=tok.convert_tokens_to_ids("<image>"),
+                          vocab_size=len(tok))
+    torch.manual_seed(22)
+    return _save(PaliGemmaForConditionalGeneration(cfg), PaliGemmaProcessor(image_processor=ip, tokenizer=tok), out)
+
+
+# ---- Idefics3 = SmolVLM v1 (byte-level, "User:<image>... Assistant:", image tiles) --------------------------------
+IDEFICS3_TEMPLATE = ("<|im_start|>{% for m in messages %}{{ m['role'] | capitalize }}"
+                     "{% if m['content'][0]['type'] == 'image' %}{{ ':' }}{% else %}{{ ': ' }}{% endif %}"
+                     + _content("<image>") + "<end_of_utterance>\n{% endfor %}"
+                     "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+TILE_TOKENS = [f"<row_{r}_col_{c}>" for r in range(1, 4) for c in range(1, 4)]
+
+
+def build_idefics3(out: Path) -> Path:
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessor, Idefics3Processor
+    specials = ["<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>",
+                "<global-img>"] + TILE_TOKENS
+    tok = _fast(_bytelevel(specials), bos_token="<|im_start|>", eos_token="<end_of_utterance>",
+                pad_token="<|endoftext|>")
+    cfg = Idefics3Config(text_config=dict(model_type="llama", **_text(tok)), scale_factor=2,
+                         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                            num_attention_heads=2, image_size=32, patch_size=8),
+                         image_token_id=tok.convert_tokens_to_ids("<image>"))
+    ip = Idefics3ImageProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
+    torch.manual_seed(23)
+    proc = Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=4, chat_template=IDEFICS3_TEMPLATE)
+    return _save(Idefics3ForConditionalGeneration(cfg), proc, out)
+
+
+# ---- LLaVA-NeXT (Mistral-7B variant: Llama-2 SentencePiece, "[INST] <image>\n... [/INST]", anyres patches) -------
+MISTRAL_INST_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}[INST] " + _content("<image>\n") +
+                         " [/INST]{% else %} " + _content("") + "</s>{% endif %}{% endfor %}")
+VISION_CLIP = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=2, image_size=32, patch_size=8, projection_dim=32)
+PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64]]
+
+
+def _llama2_tok():
+    return _fast(_sentencepiece(["<unk>", "<s>", "</s>", "<pad>", "<image>"], bos="<s>"), bos_token="<s>",
+                 eos_token="</s>", unk_token="<unk>", pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
+
+
+def build_llava_next(out: Path) -> Path:
+    from transformers import (LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextImageProcessor,
+                              LlavaNextProcessor)
+    tok = _llama2_tok()
+    cfg = LlavaNextConfig(vision_config=VISION_CLIP, text_config=dict(model_type="mistral", **_text(tok)),
+                          image_token_index=tok.convert_tokens_to_ids("<image>"), image_grid_pinpoints=PINPOINTS,
+                          vision_feature_select_strategy="default", vision_feature_layer=-1)
+    ip = LlavaNextImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                 image_grid_pinpoints=PINPOINTS)
+    torch.manual_seed(24)
+    proc = LlavaNextProcessor(image_processor=ip, tokenizer=tok, patch_size=8, vision_feature_select_strategy="default",
+                              num_additional_image_tokens=1, chat_template=MISTRAL_INST_TEMPLATE)
+    return _save(LlavaNextForConditionalGeneration(cfg), proc, out)
+
+
+# ---- Mistral 3 (Pixtral vision; tekken byte-level; "<s>[INST][IMG]...[/INST]" with BOS in the template) ----------
+MISTRAL3_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST]" + _content("[IMG]") +
+                     "[/INST]{% else %}" + _content("") + "</s>{% endif %}{% endfor %}")
+
+
+def build_mistral3(out: Path) -> Path:
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration, PixtralImageProcessor, PixtralProcessor
+    tok = _fast(_bytelevel(["<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"],
+                           bos="<s>"), bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
+    cfg = Mistral3Config(vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=1, num_attention_heads=2, image_size=64, patch_size=8,
+                                            head_dim=16),
+                         text_config=dict(model_type="mistral", **_text(tok, head_dim=16)), spatial_merge_size=2,
+                         image_token_index=tok.convert_tokens_to_ids("[IMG]"), vision_feature_layer=-1)
+    ip = PixtralImageProcessor(size={"longest_edge": 64}, patch_size={"height": 8, "width": 8})
+    torch.manual_seed(25)
+    proc = PixtralProcessor(image_processor=ip, tokenizer=tok, patch_size=8, spatial_merge_size=2,
+                            chat_template=MISTRAL3_TEMPLATE)
+    return _save(Mistral3ForConditionalGeneration(cfg), proc, out)
+
+
+# ---- Mllama (Llama 3.2 Vision: byte-level, Llama 3 headers, cross-attention to image tiles) ----------------------
+LLAMA3_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+                   + _content("<|image|>") + "<|eot_id|>{% endfor %}"
+                   "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+
+def build_mllama(out: Path) -> Path:
+    from transformers import MllamaConfig, MllamaForConditionalGeneration, MllamaImageProcessor, MllamaProcessor
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>", "<|start_header_id|>",
+                "<|end_header_id|>", "<|eot_id|>", "<|image|>", "<|python_tag|>"]
+    tok = _fast(_bytelevel(specials, bos="<|begin_of_text|>"), bos_token="<|begin_of_text|>",
+                eos_token="<|eot_id|>", pad_token="<|finetune_right_pad_id|>")
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_global_layers=1, attention_heads=2,
+                  image_size=32, patch_size=8, max_num_tiles=2, intermediate_layers_indices=[0],
+                  vision_output_dim=64, supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]])
+    cfg = MllamaConfig(vision_config=vision, text_config=_text(tok, cross_attention_layers=[1]),
+                       image_token_index=tok.convert_tokens_to_ids("<|image|>"))
+    ip = MllamaImageProcessor(size={"height": 32, "width": 32}, max_image_tiles=2)
+    torch.manual_seed(26)
+    proc = MllamaProcessor(image_processor=ip, tokenizer=tok, chat_template=LLAMA3_TEMPLATE)
+    model = MllamaForConditionalGeneration(cfg)
+    with torch.no_grad():            # the cross-attention gates start at 0 (tanh(0): the image would not count)
+        for key, p in model.named_parameters():
+            if "cross_attn_attn_gate" in key or "cross_attn_mlp_gate" in key or key.endswith(".gate"):
+                p.fill_(1.0)
+    return _save(model, proc, out)
+
+
+# ---- SmolVLM2 (Idefics3's layout, its own processor; needs num2words) ---------------------------------------------
+def build_smolvlm2(out: Path) -> Path:
+    from transformers import (SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMImageProcessor, SmolVLMProcessor,
+                              SmolVLMVideoProcessor)
+    specials = ["<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>",
+                "<global-img>", "<video>"] + TILE_TOKENS
+    tok = _fast(_bytelevel(specials), bos_token="<|im_start|>", eos_token="<end_of_utterance>",
+                pad_token="<|endoftext|>")
+    cfg = SmolVLMConfig(text_config=dict(model_type="llama", **_text(tok)), scale_factor=2,
+                        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=32, patch_size=8),
+                        image_token_id=tok.convert_tokens_to_ids("<image>"))
+    ip = SmolVLMImageProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
+    vp = SmolVLMVideoProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
+    torch.manual_seed(27)
+    proc = SmolVLMProcessor(image_processor=ip, tokenizer=tok, video_processor=vp, image_seq_len=4,
+                            chat_template=IDEFICS3_TEMPLATE)
+    return _save(SmolVLMForConditionalGeneration(cfg), proc, out)
+
+
+# ---- LLaVA-OneVision, InternVL (Qwen2 LMs: byte-level, ChatML) --------------------------------------------------
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{IMAGE}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def build_llava_onevision(out: Path) -> Path:
+    from transformers import (LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
+                              LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor)
+    tok = _fast(_bytelevel(QWEN_SPECIALS + ["<image>", "<video>"]), eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
+    template = CHATML.replace("{IMAGE}", _content("<image>\n"))
+    vision = dict(VISION_SIGLIP)
+    cfg = LlavaOnevisionConfig(vision_config=vision, text_config=dict(model_type="qwen2", **_text(tok)),
+                               image_token_index=tok.convert_tokens_to_ids("<image>"),
+                               video_token_index=tok.convert_tokens_to_ids("<video>"), image_grid_pinpoints=PINPOINTS,
+                               vision_feature_select_strategy="full", vision_feature_layer=-1)
+    ip = LlavaOnevisionImageProcessor(size={"height": 32, "width": 32}, image_grid_pinpoints=PINPOINTS)
+    vp = LlavaOnevisionVideoProcessor(size={"height": 32, "width": 32})
+    torch.manual_seed(28)
+    proc = LlavaOnevisionProcessor(image_processor=ip, tokenizer=tok, video_processor=vp, num_image_tokens=16,
+                                   vision_feature_select_strategy="full", chat_template=template)
+    return _save(LlavaOnevisionForConditionalGeneration(cfg), proc, out)
+
+
+def build_internvl(out: Path) -> Path:
+    from transformers import (GotOcr2ImageProcessor, InternVLConfig, InternVLForConditionalGeneration, InternVLProcessor,
+                              InternVLVideoProcessor)
+    names = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+             "video_token": "<video>"}
+    tok = _fast(_bytelevel(QWEN_SPECIALS + list(names.values())), eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                extra_special_tokens=names)
+    template = CHATML.replace("{IMAGE}", _content("<IMG_CONTEXT>\n"))
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=[32, 32], patch_size=[8, 8])
+    cfg = InternVLConfig(vision_config=vision, text_config=dict(model_type="qwen2", **_text(tok)),
+                         image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"), image_seq_length=4)
+    ip = GotOcr2ImageProcessor(size={"height": 32, "width": 32}, crop_to_patches=True, min_patches=1, max_patches=4)
+    vp = InternVLVideoProcessor(size={"height": 32, "width": 32})
+    torch.manual_seed(29)
+    proc = InternVLProcessor(image_processor=ip, tokenizer=tok, video_processor=vp, image_seq_length=4,
+                             chat_template=template)
+    return _save(InternVLForConditionalGeneration(cfg), proc, out)
+
+
+# ---- Aya Vision (Cohere 2 LM: byte-level, Cohere turn tokens; SigLIP tiles, pixel shuffle) -------------------------
+AYA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|START_OF_TURN_TOKEN|>"
+                "{{ '<|USER_TOKEN|>' if m['role'] == 'user' else '<|CHATBOT_TOKEN|>' }}" + _content("<image>") +
+                "<|END_OF_TURN_TOKEN|>{% endfor %}"
+                "{% if add_generation_prompt %}<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>{% endif %}")
+
+
+def build_aya_vision(out: Path) -> Path:
+    from transformers import AyaVisionConfig, AyaVisionForConditionalGeneration, AyaVisionProcessor, GotOcr2ImageProcessor
+    specials = ["<PAD>", "<UNK>", "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|>", "<|USER_TOKEN|>",
+                "<|CHATBOT_TOKEN|>", "<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>",
+                "<|IMG_LINE_BREAK|>", "TILE", "TILE_GLOBAL"]
+    tok = _fast(_bytelevel(specials, bos="<BOS_TOKEN>"), bos_token="<BOS_TOKEN>", eos_token="<|END_OF_TURN_TOKEN|>",
+                pad_token="<PAD>", unk_token="<UNK>")
+    cfg = AyaVisionConfig(vision_config=VISION_SIGLIP, text_config=dict(model_type="cohere2", **_text(tok, head_dim=16)),
+                          downsample_factor=2, image_token_index=tok.convert_tokens_to_ids("<|IMG_PATCH|>"))
+    ip = GotOcr2ImageProcessor(size={"height": 32, "width": 32}, crop_to_patches=True, min_patches=1, max_patches=4)
+    torch.manual_seed(30)
+    proc = AyaVisionProcessor(image_processor=ip, tokenizer=tok, patch_size=8, img_size=32, downsample_factor=2,
+                              chat_template=AYA_TEMPLATE)
+    return _save(AyaVisionForConditionalGeneration(cfg), proc, out)
+
+
+FAMILIES = {
+    "smolvlm2": build_smolvlm2,
+    "llava-onevision": build_llava_onevision,
+    "internvl": build_internvl,
+    "aya-vision": build_aya_vision,
+    "idefics3": build_idefics3,
+    "llava-next": build_llava_next,
+    "mistral3": build_mistral3,
+    "mllama": build_mllama,
+    "gemma3": build_gemma3,
+    "paligemma": build_paligemma,
+    "qwen2-vl": build_qwen2_vl,
+    "qwen2.5-vl": build_qwen2_5_vl,
+    "qwen3-vl": build_qwen3_vl,
+}
+
+
+_ROOT: list[Path] = []
+
+
+def shared_root() -> Path:
+    """One folder per test process for these models (removed at exit): each family is built once, whichever test
+    module asks first."""
+    if not _ROOT:
+        import atexit
+        import shutil
+        import tempfile
+        _ROOT.append(Path(tempfile.mkdtemp(prefix="vlm-families-")))
+        atexit.register(shutil.rmtree, _ROOT[0], ignore_errors=True)
+    return _ROOT[0]
+
+
+def build_family(name: str, root: Path) -> Path:
+    out = Path(root) / name
+    if not (out / "config.json").exists():
+        FAMILIES[name](out)
+    return out
