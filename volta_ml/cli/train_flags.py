@@ -73,6 +73,17 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="also write pytorch_ckpt_latest.tar every N optimizer steps (0: at epoch ends only)")
     add("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available; under torchrun/Slurm "
                                        "each process takes cuda:<local rank>)")
+
+    # --- a Hugging Face dual encoder instead of a VOLTA model (volta_ml/iglue_hf/train.py) ----------------
+    hf = parser.add_argument_group("Hugging Face dual encoders (docs/hf_models.md)")
+    hf.add_argument("--hf_model", default="", help="fine-tune this CLIP / SigLIP / SigLIP-2 folder or hub "
+                                                   "id[@revision] instead of --config_file/--from_pretrained")
+    hf.add_argument("--hf_backend", default=None, help="clip (default, detected from config.json)")
+    hf.add_argument("--images", default="", help="image root of the training and validation images")
+    hf.add_argument("--image_template", default=None, help="image path under --images with {id} {file} "
+                                                           "(default per task, as volta-ml iglue-hf)")
+    hf.add_argument("--hf_val_gallery", type=int, default=100,
+                    help="validation score: text->image R@1 within galleries of this many images")
     return parser
 
 

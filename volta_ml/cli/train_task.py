@@ -70,6 +70,9 @@ def _run(args, build_job: Callable[[object, DistInfo], TrainJob], prog: str) -> 
 
 
 def build_task_job(args, info: DistInfo) -> TrainJob:
+    if args.hf_model:  # a Hugging Face dual encoder (docs/hf_models.md)
+        from volta_ml.iglue_hf.train import build_dual_encoder_job
+        return build_dual_encoder_job(args, info)
     from volta_ml.engine.task_job import build_task_job as build
     return build(args, info)
 

@@ -217,3 +217,33 @@ class ShardSampler(Sampler[int]):
 
     def __len__(self):
         return len(self.indices)
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """all_gather whose backward sends each rank the summed gradient of its own rows (see gather_with_grad)."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
+        ctx.rank, ctx.rows = dist.get_rank(), tensor.shape[0]
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)  # every rank's loss reads every rank's rows
+        return grad[ctx.rank * ctx.rows:(ctx.rank + 1) * ctx.rows]
+
+
+def gather_with_grad(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """The rows of every rank, concatenated in rank order, with gradients flowing back to their owners.
+
+    Rank r's rows sit at [r*b, (r+1)*b) of the result. Every rank must pass the same number of rows (the
+    training sampler gives every rank the same number of examples). In the backward pass each rank receives
+    the sum over all ranks' losses of the gradient of its own rows, so a loss that every rank computes over
+    its local rows against the gathered columns, averaged by DDP, has the gradient of one process holding
+    the whole batch (the "local loss" of open_clip). In a single process it returns `tensor` itself."""
+    if not (info.initialized and info.world_size > 1):
+        return tensor
+    return _GatherWithGrad.apply(tensor)

@@ -50,6 +50,9 @@ class TrainJob:
     collate_fn: Callable | None = None
     fixed_layers: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)  # extra lines for the start summary
+    # rank 0, after pytorch_model_best.bin is written: export the bare model in another format too
+    # (the HF dual encoders' save_pretrained folder, volta_ml/iglue_hf/train.py)
+    on_best_saved: Callable[[nn.Module], None] | None = None
 
 
 class RunLog:
@@ -146,6 +149,8 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
     def save_bin(tag) -> None:
         if info.is_main:
             ckpt.save_model_bin(model, job.run_dir / f"pytorch_model_{tag}.bin")
+            if tag == "best" and job.on_best_saved is not None:
+                job.on_best_saved(ckpt.unwrap(model))
 
     # --max_val_batches N stops when the batch index equals N-1: N-1 batches (quirk kept)
     end_max_batches = args.max_val_batches - 1 if args.max_val_batches > 0 else None

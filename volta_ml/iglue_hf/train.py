@@ -1,0 +1,267 @@
+"""Contrastive fine-tuning of a Hugging Face dual encoder (CLIP, SigLIP, SigLIP-2) on IGLUE's English retrieval
+training data, as a `TrainJob` of the engine (`volta_ml.engine.train.train`: optimiser groups, schedule, bf16,
+gradient accumulation, DDP, checkpoints, resume, failure handling, log lines are all the engine's).
+
+`volta-ml train --hf_model <folder or hub id[@revision]> --task 8|20 --images <image root> ...` builds it
+(`volta_ml/cli/train_task.py`); docs/hf_models.md, "Fine-tuning a dual encoder".
+
+- Data: the task config entry of `--task` (8: RetrievalFlickr30k, the train/valid files xFlickr&CO's English
+  side comes from; 20: RetrievalWIT) gives the annotation files under `--data_root`, the batch size, LR and
+  epochs, exactly as for the zoo (flags win). Rows are read by `iglue_hf.data.read_retrieval` and the images
+  from `--images` with the task's path template (`iglue_hf.images`).
+- Training examples: one per image per epoch, with one of its captions drawn from (seed, epoch, image), so a
+  batch never holds the same image twice (no false negatives from Flickr30k's 5 captions per image) and a
+  resumed run draws the same captions.
+- Loss: `contrastive.infonce_loss` (CLIP) or `contrastive.sigmoid_loss` (SigLIP), over the rows of this
+  process against the columns of the whole global batch, gathered with gradients
+  (`engine.distributed.gather_with_grad`): N processes with batch b train like one process with batch N*b.
+- Validation score: text->image recall@1 (a fraction) within fixed galleries of `--hf_val_gallery` images of
+  the validation file (each image with its first caption), so the number depends neither on the batch size
+  nor on the number of processes. The training log's score is the in-batch text->image recall@1.
+- Output: the engine's run directory (`<output_dir>/<task name>_<model name>[-<save_name>]`), plus `hf_best/`,
+  the best model and its processor written by `save_pretrained` (safetensors) each time a new best is saved,
+  which `volta-ml iglue-hf --backend clip --model <run dir>/hf_best` evaluates.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from volta_ml.engine.distributed import DistInfo, barrier, gather_with_grad
+from volta_ml.engine.failures import UsageError
+from volta_ml.engine.task_job import resolve_hyperparameters
+from volta_ml.engine.train import TrainJob
+
+from .contrastive import LOSSES, DualEncoderForTraining, pair_loss
+from .data import RetrievalData, read_retrieval
+from .images import DEFAULT_TEMPLATES, ImageSource
+
+logger = logging.getLogger("volta_ml.train")
+
+DEFAULT_TASKS_CONFIG = "config_tasks/vilbert_trainval_tasks.yml"   # train_task.py's default --tasks_config_file
+HF_TASKS_CONFIG = "iglue_trainval_tasks_boxes36.yml"               # the shipped IGLUE config (paths, batch, LR)
+TRAINABLE = {"8": "xflickrco", "20": "wit"}                        # task id -> images.DEFAULT_TEMPLATES key
+EXPORT_DIR = "hf_best"
+
+
+# --- the model spec and what it can train on -------------------------------------------------------------------
+def model_spec(args):
+    """`--hf_model PATH` or `HUB_ID[@REVISION]` as a `ModelSpec` (fp32 weights: bf16 is autocast, `--amp`)."""
+    from volta_ml.hf.base import ModelSpec
+    model, revision = args.hf_model, None
+    if "@" in model and not Path(model).expanduser().exists():
+        model, revision = model.rsplit("@", 1)
+    return ModelSpec(model=model, revision=revision, device="cpu")
+
+
+def dual_encoder_loss(spec, backend: str | None) -> str:
+    """The loss the model was trained with, from its config.json `model_type`; one-line errors otherwise."""
+    from volta_ml.hf.loading import ModelLoadError, read_config
+    if backend not in (None, "clip", "mclip", "mllm"):
+        raise UsageError(f"--hf_backend {backend!r}: unknown; known: clip (CLIP, SigLIP, SigLIP-2), mclip, mllm")
+    if backend == "mllm":
+        raise UsageError("--hf_backend mllm: fine-tuning generative models is not implemented yet; "
+                         "volta-ml train fine-tunes dual encoders (--hf_backend clip)")
+    try:
+        model_type = read_config(spec).get("model_type")
+    except ModelLoadError as error:
+        raise UsageError(str(error)) from None
+    if backend == "mclip" or model_type == "M-CLIP":
+        raise UsageError(f"{spec.model}: M-CLIP fine-tuning is not implemented yet (its text tower was "
+                         "distilled, not trained contrastively); CLIP, SigLIP and SigLIP-2 are")
+    if model_type not in LOSSES:
+        raise UsageError(f"{spec.model}: model_type {model_type!r} is not a dual encoder volta-ml can fine-tune "
+                         f"(known: {', '.join(LOSSES)}); generative models are not trainable yet")
+    return LOSSES[model_type]
+
+
+def retrieval_entry(args) -> tuple[str, dict]:
+    """(task id, resolved task config entry) for `--task`; a task a dual encoder cannot train on is an error."""
+    from volta_ml.protocols.iglue import TASKS
+    from volta_ml.tasks.config import PathResolver, get_task_entry, load_task_config
+    task = str(args.task).strip().lower().removeprefix("task")
+    task = TASKS[task].task_id if task in TASKS else task
+    config_file = HF_TASKS_CONFIG if args.tasks_config_file == DEFAULT_TASKS_CONFIG else args.tasks_config_file
+    key, entry = get_task_entry(load_task_config(config_file), task)
+    if task not in TRAINABLE:
+        raise UsageError(f"--task {args.task}: {key} ({entry['name']}) is not a retrieval task; a dual encoder "
+                         "fine-tunes on --task 8 (xFlickrCO: Flickr30k's train file) or --task 20 (WIT)")
+    return key, PathResolver(args.data_root, args.path_map).resolve_entry(entry)
+
+
+def image_source(args, task_key: str) -> ImageSource:
+    if not args.images:
+        raise UsageError("--hf_model: give --images, the folder of the training and validation images")
+    if not Path(args.images).is_dir():
+        raise UsageError(f"--images {args.images}: no such folder")
+    return ImageSource(args.images, args.image_template or DEFAULT_TEMPLATES[task_key])
+
+
+# --- data --------------------------------------------------------------------------------------------------------
+def _captions_per_image(data: RetrievalData) -> list[list[str]]:
+    out = [[] for _ in data.images]
+    for caption, image in zip(data.captions, data.caption_image):
+        out[image].append(caption)
+    return out
+
+
+def _pixels(image_processor, image) -> dict:
+    return {k: v[0] for k, v in image_processor(images=[image], return_tensors="pt").items()}
+
+
+class PairDataset(Dataset):
+    """Training pairs: image i with one of its captions, drawn from (seed, epoch, i)."""
+
+    def __init__(self, data: RetrievalData, source: ImageSource, image_processor, seed: int):
+        self.images, self.captions = data.images, _captions_per_image(data)
+        self.source, self.image_processor, self.seed, self.epoch = source, image_processor, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, index):
+        captions = self.captions[index]
+        caption = captions[random.Random(f"{self.seed}/{self.epoch}/{index}").randrange(len(captions))]
+        return {"text": caption, "image": _pixels(self.image_processor, self.source.load(self.images[index]))}
+
+
+class GalleryDataset(Dataset):
+    """Validation galleries: item k is images k*G .. (k+1)*G-1 (the last one may be smaller), each with its
+    first caption."""
+
+    def __init__(self, data: RetrievalData, source: ImageSource, image_processor, gallery: int):
+        self.images, self.captions = data.images, _captions_per_image(data)
+        self.source, self.image_processor, self.gallery = source, image_processor, gallery
+
+    def __len__(self):
+        return -(-len(self.images) // self.gallery)
+
+    def __getitem__(self, index):
+        rows = range(index * self.gallery, min((index + 1) * self.gallery, len(self.images)))
+        return [{"text": self.captions[i][0], "image": _pixels(self.image_processor, self.source.load(self.images[i]))}
+                for i in rows]
+
+
+class Collate:
+    """Tokenises the captions as the iglue-hf backend does (SigLIP: padded to the model's length) and stacks
+    the pixel tensors; validation galleries are flattened with their gallery number in `gallery`."""
+
+    def __init__(self, tokenizer, max_length: int, padding):
+        self.tokenizer, self.max_length, self.padding = tokenizer, max_length, padding
+
+    def __call__(self, items):
+        batch = {}
+        if isinstance(items[0], list):
+            batch["gallery"] = torch.tensor([g for g, gallery in enumerate(items) for _ in gallery])
+            items = [pair for gallery in items for pair in gallery]
+        text = self.tokenizer([item["text"] for item in items], padding=self.padding, truncation=True,
+                              max_length=self.max_length, return_tensors="pt")
+        batch["text_inputs"] = dict(text)
+        batch["image_inputs"] = {k: torch.stack([item["image"][k] for item in items]) for k in items[0]["image"]}
+        return batch
+
+
+# --- loss and score ----------------------------------------------------------------------------------------------
+def forward_and_loss(model, batch, task_id, *, loss: str, info: DistInfo):
+    """Training batch: this rank's rows against the gathered global batch. Validation batch: per gallery."""
+    text, image, scale, bias = model(batch["text_inputs"], batch["image_inputs"])
+    if "gallery" in batch:
+        return _gallery_loss_and_score(loss, text, image, scale, bias, batch["gallery"])
+    all_text, all_image = gather_with_grad(text, info), gather_with_grad(image, info)
+    offset = info.rank * text.shape[0] if all_text.shape[0] != text.shape[0] else 0
+    value = pair_loss(loss, text, image, all_text, all_image, scale, bias, offset)
+    with torch.no_grad():
+        own = torch.arange(offset, offset + text.shape[0], device=text.device)
+        correct = ((text @ all_image.T).argmax(dim=1) == own).sum()
+    return value, correct, text.shape[0], None
+
+
+def _gallery_loss_and_score(loss, text, image, scale, bias, gallery):
+    """Loss per gallery weighted by its size, and text->image R@1 within each gallery."""
+    similarity = (text @ image.T).masked_fill(gallery[:, None] != gallery[None, :], float("-inf"))
+    correct = (similarity.argmax(dim=1) == torch.arange(len(text), device=text.device)).sum()
+    total = text.new_zeros(())
+    for g in gallery.unique():
+        rows = gallery == g
+        total = total + pair_loss(loss, text[rows], image[rows], text[rows], image[rows], scale, bias) * rows.sum()
+    return total / len(text), correct, len(text), None
+
+
+# --- export ------------------------------------------------------------------------------------------------------
+def export_pretrained(model: DualEncoderForTraining, processor, run_dir: Path) -> None:
+    """`<run dir>/hf_best`: save_pretrained into a temporary folder, then swapped in, so a kill during the
+    write leaves the previous best folder whole (at worst under `.hf_best.old`, which the next export removes)."""
+    final, tmp, old = run_dir / EXPORT_DIR, run_dir / f".{EXPORT_DIR}.tmp", run_dir / f".{EXPORT_DIR}.old"
+    for stale in (tmp, old):
+        shutil.rmtree(stale, ignore_errors=True)
+    model.hf.save_pretrained(tmp)
+    processor.save_pretrained(tmp)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# --- the job -----------------------------------------------------------------------------------------------------
+def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
+    from transformers import AutoModel, AutoProcessor
+
+    from volta_ml.hf.loading import ModelLoadError, load_model, load_processor
+    from volta_ml.tasks.config import entry_path
+
+    spec = model_spec(args)
+    loss = dual_encoder_loss(spec, args.hf_backend)
+    task_id, entry = retrieval_entry(args)
+    task_key = TRAINABLE[task_id.removeprefix("TASK")]
+    source = image_source(args, task_key)
+    if args.hf_val_gallery < 2:
+        raise UsageError(f"--hf_val_gallery {args.hf_val_gallery}: a gallery needs at least 2 images")
+    resolve_hyperparameters(args, entry, info.world_size)
+    paths = {split: entry_path(entry, f"{split}_annotations_jsonpath", getattr(args, f"{split}_annotations_jsonpath"))
+             for split in ("train", "val")}
+    data = {split: read_retrieval(path, "en") for split, path in paths.items()}
+    for split, path in paths.items():
+        source.check(data[split].images, path)
+
+    try:
+        hf_model = load_model(AutoModel, spec, "a CLIP-family dual encoder")
+        processor = load_processor(AutoProcessor, spec)
+    except ModelLoadError as error:
+        raise UsageError(str(error)) from None
+    text_config = getattr(hf_model.config, "text_config", hf_model.config)
+    collate = Collate(processor.tokenizer, int(text_config.max_position_embeddings),
+                      "max_length" if loss == "sigmoid" else True)
+    train_set = PairDataset(data["train"], source, processor.image_processor, args.seed)
+    val_set = GalleryDataset(data["val"], source, processor.image_processor, args.hf_val_gallery)
+
+    name = f"{entry['name']}_{Path(spec.model.rstrip('/')).name}" + (f"-{args.save_name}" if args.save_name else "")
+    run_dir = Path(args.output_dir) / name
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "command.txt").write_text(f"{args!r}\n\n{json.dumps(hf_model.config.to_dict(), default=str)}\n",
+                                             encoding="utf-8")
+    barrier(info)
+    return TrainJob(
+        model=DualEncoderForTraining(hf_model, loss), train_dataset=train_set, val_dataset=val_set,
+        forward_and_loss=functools.partial(forward_and_loss, loss=loss, info=info),
+        task_id=task_id, task_name=entry["name"], run_dir=run_dir, tb_dir=Path(args.logdir) / name,
+        collate_fn=collate,
+        on_best_saved=lambda model: export_pretrained(model, processor, run_dir),
+        summary={"hf model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
+                             + f" ({hf_model.config.model_type}, {loss} loss)",
+                 "data": f"train {paths['train']} ({len(data['train'].images)} images, one caption each per "
+                         f"epoch), val {paths['val']}",
+                 "images": f"{source.root} (template {source.template!r})",
+                 "validation": f"text->image R@1 in galleries of {args.hf_val_gallery} images (first caption)",
+                 "export": f"{run_dir / EXPORT_DIR} (save_pretrained at each new best)"},
+    )
