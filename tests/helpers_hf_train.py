@@ -1,0 +1,87 @@
+"""Fixtures and an entry point for the dual-encoder fine-tuning tests (tests/test_hf_train.py).
+
+`make_flickr_root(root, n_train, n_val)` lays out a tiny Flickr30k-style data root as the shipped task config
+expects it (`flickr30k/annotations/train_ann.jsonl`, `valid_ann.jsonl`: rows with `sentences` and `img_path`)
+plus an image folder: each picture is two coloured halves and its two captions name the colours, so a tiny
+model learns to match them within a few dozen steps (30 pairs of distinct colours, then they repeat).
+
+    python tests/helpers_hf_train.py <train_task.py flags>
+
+runs `volta-ml train` unchanged, except that `HF_TRAIN_SLEEP` (seconds, env) slows each training forward,
+so a kill test can hit the middle of a run. Nothing in volta-ml is changed: the job builder is wrapped here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220), "yellow": (230, 220, 40),
+           "black": (10, 10, 10), "white": (245, 245, 245)}
+
+
+def _picture(left: str, right: str, rng) -> Image.Image:
+    """The left half in one colour, the right half in another, plus a little noise."""
+    pixels = np.zeros((24, 32, 3), dtype=np.int64)
+    pixels[:, :16], pixels[:, 16:] = COLOURS[left], COLOURS[right]
+    return Image.fromarray(np.clip(pixels + rng.integers(-25, 26, pixels.shape), 0, 255).astype(np.uint8))
+
+
+def make_flickr_root(root: Path, n_train: int, n_val: int) -> tuple[Path, Path]:
+    """(data root, image root). Image i shows two colours, its captions name them: learnable by a tiny model."""
+    data, images = root / "data", root / "images"
+    annotations = data / "flickr30k" / "annotations"
+    annotations.mkdir(parents=True, exist_ok=True)
+    images.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    names = list(COLOURS)
+    pairs = [(a, b) for a in names for b in names if a != b]
+    for name, first, count in (("train_ann.jsonl", 0, n_train), ("valid_ann.jsonl", n_train, n_val)):
+        rows = []
+        for i in range(first, first + count):
+            left, right = pairs[i % len(pairs)]
+            file = f"{1000 + i}.png"
+            _picture(left, right, rng).save(images / file)
+            rows.append({"sentences": [f"{left} on the left and {right} on the right", f"a {left} and {right} picture"],
+                         "id": str(1000 + i), "img_path": file})
+        (annotations / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return data, images
+
+
+def train_env(**extra) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_NTASKS", "SLURM_PROCID"):
+        env.pop(key, None)
+    env.update(extra)
+    return env
+
+
+def _slow(build):
+    def wrapped(args, info):
+        job = build(args, info)
+        delay, forward = float(os.environ.get("HF_TRAIN_SLEEP", "0")), job.forward_and_loss
+
+        def slow_forward(model, batch, task_id):
+            if model.training:
+                time.sleep(delay)
+            return forward(model, batch, task_id)
+        job.forward_and_loss = slow_forward
+        return job
+    return wrapped
+
+
+def main(argv=None) -> int:
+    sys.path.insert(0, str(REPO))
+    from volta_ml.cli.train_flags import parse_train_args
+    from volta_ml.cli.train_task import build_task_job, run
+    return run(parse_train_args(argv), _slow(build_task_job))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
