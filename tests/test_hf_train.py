@@ -39,7 +39,11 @@ FLAGS = ["--task", "8", "--batch_size", "8", "--num_epoch", "4", "--lr", "3e-3",
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
-    return {name: build(name, root) for name in ("clip", "siglip", "llava")}
+    found = {name: build(name, root) for name in ("clip", "siglip")}
+    found["llava"] = root / "llava"          # only its config.json is read before the run stops
+    found["llava"].mkdir()
+    (found["llava"] / "config.json").write_text(json.dumps({"model_type": "llava"}))
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +75,17 @@ def _validation(out):
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, models, flickr):
+    """The uninterrupted one-process run, in this process with one thread like the subprocesses
+    (OMP_NUM_THREADS=1), so the resumed subprocess run can be compared bit for bit."""
+    from volta_ml.cli.train_flags import parse_train_args
+    from volta_ml.cli.train_task import build_task_job, run
     out = tmp_path_factory.mktemp("single")
-    proc = _run(out, models, flickr)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1].startswith("Best Validation score:")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert run(parse_train_args(_argv(out, models, flickr)), build_task_job) == 0
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 
