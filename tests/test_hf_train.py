@@ -30,9 +30,11 @@ from volta_ml.iglue_hf.contrastive import DualEncoderForTraining, infonce_loss, 
 ENTRY = str(REPO / "tests" / "helpers_hf_train.py")
 RUN_NAME = "RetrievalFlickr30k_clip"
 # 32 training images at 8 per step: 4 optimizer steps per epoch, 4 epochs; validation on the training file
-# (galleries of 8), so its loss shows the fit
+# (galleries of 8), so its loss shows the fit. Adam's eps is 1e-4, not 1e-6: the attention key biases have a
+# gradient of zero up to rounding, and with eps 1e-6 Adam turns that rounding noise into steps of ~lr/1000, so
+# 1 and 2 ranks drift apart by up to 8e-6 there after 16 steps (5e-7 everywhere with eps 1e-4)
 FLAGS = ["--task", "8", "--batch_size", "8", "--num_epoch", "4", "--lr", "3e-3", "--warmup_proportion", "0",
-         "--adam_correct_bias", "--num_workers", "0", "--num_val_workers", "0", "--hf_val_gallery", "8",
+         "--adam_correct_bias", "--adam_epsilon", "1e-4", "--num_workers", "0", "--num_val_workers", "0", "--hf_val_gallery", "8",
          "--checkpoint_every_steps", "1"]
 
 
@@ -152,6 +154,24 @@ def test_local_rows_against_global_columns_give_the_full_batch_gradient(loss):
         torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-14)
 
 
+def test_reads_iglue_retrieval_training_formats():
+    """Flickr30k-style rows (5 captions per image) and WIT rows (one caption, images by wit_ix) as IGLUE ships
+    them, into one training pair per image and validation galleries."""
+    from conftest import shared_path
+    from volta_ml.iglue_hf.data import read_retrieval
+    from volta_ml.iglue_hf.images import DEFAULT_TEMPLATES, ImageSource
+    from volta_ml.iglue_hf.train import GalleryDataset, PairDataset
+    for task, rel, captions in (("xflickrco", "flickr30k/annotations/valid_ann.jsonl", 5),
+                                ("wit", "wit/annotations/val_en.jsonl", 1)):
+        data = read_retrieval(str(shared_path("iglue", "datasets", rel)), "en")
+        source = ImageSource("/images", DEFAULT_TEMPLATES[task])
+        pairs = PairDataset(data, source, None, seed=0)
+        assert len(pairs) == len(data.images) and {len(c) for c in pairs.captions} == {captions}
+        assert len(GalleryDataset(data, source, None, gallery=100)) == -(-len(data.images) // 100)
+        first = source.path(data.images[0]).name
+        assert first == ("1018148011.jpg" if task == "xflickrco" else "wit_545045.jpg"), first
+
+
 # --- training on the engine ----------------------------------------------------------------------------------
 def test_training_lowers_the_loss(single):
     validation = _validation(single)
@@ -245,6 +265,7 @@ def test_exported_model_reloads_in_iglue_hf_and_scores_differently(tmp_path, mod
     ("unknown_family", "is not a dual encoder"),
     ("backend", "unknown"),
     ("mclip", "M-CLIP fine-tuning is not implemented yet"),
+    ("no_config", "has no config.json"),
     ("xvnli", "is not a retrieval task"),
     ("no_images", "give --images"),
     ("image_root_missing", "no such folder"),
@@ -266,6 +287,9 @@ def test_bad_input_is_one_line_with_exit_2(tmp_path, models, flickr, capsys, cas
         argv += ["--hf_backend", "openclip"]
     elif case == "mclip":
         argv += ["--hf_backend", "mclip"]
+    elif case == "no_config":
+        (tmp_path / "empty").mkdir()
+        argv[flag("--hf_model") + 1] = str(tmp_path / "empty")
     elif case == "xvnli":
         argv[flag("--task") + 1] = "19"
     elif case == "no_images":
