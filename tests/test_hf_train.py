@@ -3,7 +3,7 @@ CLIP / SigLIP models (tests/helpers_hf.py) and a tiny Flickr30k-style data root 
 
 - the two losses against the obvious loops and against transformers' own `return_loss=True`;
 - the local-rows-against-global-columns normalisation: N simulated ranks give the full batch's gradient;
-- training lowers the loss (CLIP in a subprocess, SigLIP in process);
+- training lowers the loss (CLIP; SigLIP; SigLIP-2 with bf16 autocast);
 - 2 gloo ranks (torchrun, the gather with gradients in the loss) = 1 rank with the same global batch;
 - SIGKILL mid-run + --resume_file = the uninterrupted run, bit for bit;
 - hf_best/ reloads through `volta-ml iglue-hf`'s retrieval path and scores differently from the zero-shot model;
@@ -41,7 +41,7 @@ FLAGS = ["--task", "8", "--batch_size", "8", "--num_epoch", "4", "--lr", "3e-3",
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
-    found = {name: build(name, root) for name in ("clip", "siglip")}
+    found = {name: build(name, root) for name in ("clip", "siglip", "siglip2")}
     found["llava"] = root / "llava"          # only its config.json is read before the run stops
     found["llava"].mkdir()
     (found["llava"] / "config.json").write_text(json.dumps({"model_type": "llava"}))
@@ -182,15 +182,16 @@ def test_training_lowers_the_loss(single):
     assert (run / "hf_best" / "model.safetensors").is_file() and (run / "pytorch_ckpt_latest.tar").is_file()
 
 
-def test_siglip_trains_in_process(tmp_path, models, flickr):
+@pytest.mark.parametrize("name, amp", [("siglip", "none"), ("siglip2", "bf16")])
+def test_siglip_trains_in_process(tmp_path, models, flickr, name, amp):
     from volta_ml.cli.train_flags import parse_train_args
     from volta_ml.cli.train_task import build_task_job, run
-    args = parse_train_args(_argv(tmp_path, models, flickr, "--num_epoch", "2", "--lr", "3e-3", model="siglip"))
+    args = parse_train_args(_argv(tmp_path, models, flickr, "--num_epoch", "2", "--amp", amp, model=name))
     assert run(args, build_task_job) == 0
-    text = (tmp_path / "save" / "RetrievalFlickr30k_siglip" / "out.txt").read_text()
+    text = (tmp_path / "save" / f"RetrievalFlickr30k_{name}" / "out.txt").read_text()
     losses = [float(x) for x in re.findall(r"Validation \[RetrievalFlickr30k\]: loss ([\d.]+)", text)]
     assert len(losses) == 2 and losses[1] < losses[0], losses
-    assert (tmp_path / "save" / "RetrievalFlickr30k_siglip" / "hf_best").is_dir()
+    assert (tmp_path / "save" / f"RetrievalFlickr30k_{name}" / "hf_best" / "model.safetensors").is_file()
 
 
 def _free_port() -> int:

@@ -175,14 +175,15 @@ class Collate:
 def forward_and_loss(model, batch, task_id, *, loss: str, info: DistInfo):
     """Training batch: this rank's rows against the gathered global batch. Validation batch: per gallery."""
     text, image, scale, bias = model(batch["text_inputs"], batch["image_inputs"])
-    if "gallery" in batch:
-        return _gallery_loss_and_score(loss, text, image, scale, bias, batch["gallery"])
-    all_text, all_image = gather_with_grad(text, info), gather_with_grad(image, info)
-    offset = info.rank * text.shape[0] if all_text.shape[0] != text.shape[0] else 0
-    value = pair_loss(loss, text, image, all_text, all_image, scale, bias, offset)
-    with torch.no_grad():
-        own = torch.arange(offset, offset + text.shape[0], device=text.device)
-        correct = ((text @ all_image.T).argmax(dim=1) == own).sum()
+    with torch.autocast(text.device.type, enabled=False):   # the similarities and the loss in float32
+        if "gallery" in batch:
+            return _gallery_loss_and_score(loss, text, image, scale, bias, batch["gallery"])
+        all_text, all_image = gather_with_grad(text, info), gather_with_grad(image, info)
+        offset = info.rank * text.shape[0] if all_text.shape[0] != text.shape[0] else 0
+        value = pair_loss(loss, text, image, all_text, all_image, scale, bias, offset)
+        with torch.no_grad():
+            own = torch.arange(offset, offset + text.shape[0], device=text.device)
+            correct = ((text @ all_image.T).argmax(dim=1) == own).sum()
     return value, correct, text.shape[0], None
 
 
