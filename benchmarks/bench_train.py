@@ -14,6 +14,13 @@ epoch (the first pays for warm-up; validation and checkpoint writes are excluded
                      process on one rank's share of the hardware. CPU: gloo, the cores split between
                      the two ranks (an extra baseline row). CUDA: NCCL over 2 GPUs (skipped with fewer).
 On a shared machine the CPU figures vary with the other load; compare rows of one invocation only.
+
+    python benchmarks/bench_train.py --hf clip|siglip [--hf_layers 2] [--examples 32] [--batch_size 8]
+
+instead fine-tunes a Hugging Face dual encoder (`volta-ml train --hf_model`, docs/hf_models.md) at its real
+widths (CLIP ViT-B/32: 512 / 768 wide, vocabulary 49408; SigLIP base-patch16-224: 768 / 768, vocabulary
+32000) with `--hf_layers` layers per tower, random weights, on generated 640x480 pictures with Flickr30k-style
+captions, and reports samples/s of the last epoch and the peak resident memory of the process (`ru_maxrss`).
 """
 from __future__ import annotations
 
@@ -77,6 +84,61 @@ def build_site(work: Path, config_name: str, examples: int) -> dict:
     return {"config": config, "params": params}
 
 
+def build_hf_site(work: Path, family: str, layers: int, examples: int) -> dict:
+    """A random dual encoder at real widths with `layers` layers per tower, saved with its processor, and a
+    Flickr30k-style data root (train = val file) with one 640x480 picture per row."""
+    import torch
+    from PIL import Image
+    from transformers import (CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, SiglipConfig,
+                              SiglipImageProcessor, SiglipModel, SiglipProcessor)
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from helpers_hf import build_clip, build_siglip
+
+    tiny = build_clip(work / "tiny") if family == "clip" else build_siglip(work / "tiny")
+    tokenizer = (CLIPProcessor if family == "clip" else SiglipProcessor).from_pretrained(tiny).tokenizer
+    depth = dict(num_hidden_layers=layers)
+    torch.manual_seed(0)
+    if family == "clip":
+        config = CLIPConfig(text_config=dict(depth, eos_token_id=tokenizer.eos_token_id), vision_config=depth)
+        model, processor = CLIPModel(config), CLIPProcessor(image_processor=CLIPImageProcessor(), tokenizer=tokenizer)
+    else:
+        text = dict(depth, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=tokenizer.eos_token_id)
+        model = SiglipModel(SiglipConfig(text_config=text, vision_config=depth))
+        processor = SiglipProcessor(image_processor=SiglipImageProcessor(), tokenizer=tokenizer)
+    model.save_pretrained(work / "model")
+    processor.save_pretrained(work / "model")
+    annotations, images = work / "data" / "flickr30k" / "annotations", work / "images"
+    annotations.mkdir(parents=True, exist_ok=True)
+    images.mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(examples):
+        Image.fromarray(rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)).save(images / f"{i}.jpg")
+        rows.append(json.dumps({"sentences": ["a photo of a street with people , bicycles and a small shop near "
+                                              "the river"] * 5, "id": str(i), "img_path": f"{i}.jpg"}))
+    for name in ("train_ann.jsonl", "valid_ann.jsonl"):
+        (annotations / name).write_text("\n".join(rows) + "\n")
+    return {"params": sum(p.numel() for p in model.parameters()), "family": family}
+
+
+def hf_train_command(work: Path, args, out_name: str) -> list[str]:
+    return ["--hf_model", str(work / "model"), "--task", "8", "--data_root", str(work / "data"),
+            "--images", str(work / "images"), "--num_epoch", str(args.epochs), "--batch_size", str(args.batch_size),
+            "--gradient_accumulation_steps", str(args.grad_acc), "--eval_batch_size", "1", "--hf_val_gallery", "4",
+            "--num_workers", str(args.num_workers), "--num_val_workers", "0", "--adam_correct_bias",
+            "--weight_decay", "0.1", "--warmup_proportion", "0.1", "--lr", "1e-5", "--amp", args.amp,
+            "--device", args.device, "--save_best_only",
+            "--output_dir", str(work / out_name), "--logdir", str(work / f"{out_name}_logs")]
+
+
+def peak_rss_gib() -> float:
+    """Peak resident memory of the largest child process waited for so far (Linux: ru_maxrss in KiB)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20
+
+
 def train_command(work: Path, site: dict, args, out_name: str) -> list[str]:
     return ["--bert_model", str(work / "tok"), "--do_lower_case", "--config_file", str(site["config"]),
             "--from_pretrained", str(work / "init.bin"), "--tasks_config_file", str(work / "tasks.yml"),
@@ -111,6 +173,9 @@ def main() -> None:
     parser.add_argument("--no_ddp", action="store_true")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--hf", choices=["clip", "siglip"], default=None,
+                        help="fine-tune a Hugging Face dual encoder at real widths instead (one process)")
+    parser.add_argument("--hf_layers", type=int, default=2, help="--hf: layers per tower")
     args = parser.parse_args()
     import torch
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -118,6 +183,13 @@ def main() -> None:
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_train_"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.hf:
+        try:
+            bench_hf(work, args)
+        finally:
+            if not args.keep and not args.workdir:
+                shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         site = build_site(work, args.config, args.examples)
         cores = os.cpu_count() or 1
@@ -151,6 +223,20 @@ def main() -> None:
     print(f"{'run':<20} {'hardware':<22} {'opt steps/s':>12} {'samples/s':>10} {'efficiency':>11}")
     for name, hardware, steps, samples, eff in rows:
         print(f"{name:<20} {hardware:<22} {steps:>12.3f} {samples:>10.2f} {eff:>11}")
+
+
+def bench_hf(work: Path, args) -> None:
+    site = build_hf_site(work, args.hf, args.hf_layers, args.examples)
+    threads = str(os.cpu_count() or 1)
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore", OMP_NUM_THREADS=threads)
+    steps, samples, _ = run([sys.executable, str(REPO / "train_task.py"), *hf_train_command(work, args, "hf")], env)
+    name = {"clip": "CLIP ViT-B/32 widths", "siglip": "SigLIP base-patch16-224 widths"}[args.hf]
+    print(f"\nvolta-ml train --hf_model, {name}, {args.hf_layers} layers per tower "
+          f"({site['params'] / 1e6:.1f}M parameters), {args.examples} pictures 640x480, batch {args.batch_size} / "
+          f"grad-acc {args.grad_acc}, device {args.device}, amp {args.amp}, {args.num_workers} loader workers, "
+          f"{threads} threads")
+    print(f"{'run':<20} {'opt steps/s':>12} {'samples/s':>10} {'peak RSS GiB':>13}")
+    print(f"{'1 process':<20} {steps:>12.3f} {samples:>10.2f} {peak_rss_gib():>13.2f}")
 
 
 if __name__ == "__main__":
