@@ -4,7 +4,8 @@ CLIP / SigLIP models (tests/helpers_hf.py) and a tiny Flickr30k-style data root 
 - the two losses against the obvious loops and against transformers' own `return_loss=True`;
 - the local-rows-against-global-columns normalisation: N simulated ranks give the full batch's gradient;
 - training lowers the loss (CLIP; SigLIP; SigLIP-2 with bf16 autocast);
-- 2 gloo ranks (torchrun, the gather with gradients in the loss) = 1 rank with the same global batch;
+- 2 gloo ranks (torchrun, the gather with gradients in the loss) = 1 rank with the same global batch, for
+  both losses;
 - SIGKILL mid-run + --resume_file = the uninterrupted run, bit for bit;
 - hf_best/ reloads through `volta-ml iglue-hf`'s retrieval path and scores differently from the zero-shot model;
 - bad input is one line with exit code 2.
@@ -65,30 +66,33 @@ def _run(out, models, flickr, *extra, **env):
                           env=train_env(**env), capture_output=True, text=True, timeout=240)
 
 
-def _weights(out, name="pytorch_model_3.bin"):
-    return torch.load(out / "save" / RUN_NAME / name, map_location="cpu", weights_only=True)
+def _weights(out, name="pytorch_model_3.bin", run=RUN_NAME):
+    return torch.load(out / "save" / run / name, map_location="cpu", weights_only=True)
 
 
-def _validation(out):
-    text = (out / "save" / RUN_NAME / "out.txt").read_text()
+def _validation(out, run=RUN_NAME):
+    text = (out / "save" / run / "out.txt").read_text()
     return [(float(loss), float(score)) for loss, score in
             re.findall(r"Validation \[RetrievalFlickr30k\]: loss ([\d.]+) score ([\d.]+)", text)]
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory, models, flickr):
+def _run_in_process(out, models, flickr, model="clip"):
     """The uninterrupted one-process run, in this process with one thread like the subprocesses
-    (OMP_NUM_THREADS=1), so the resumed subprocess run can be compared bit for bit."""
+    (OMP_NUM_THREADS=1), so a subprocess run can be compared with it bit for bit."""
     from volta_ml.cli.train_flags import parse_train_args
     from volta_ml.cli.train_task import build_task_job, run
-    out = tmp_path_factory.mktemp("single")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert run(parse_train_args(_argv(out, models, flickr)), build_task_job) == 0
+        assert run(parse_train_args(_argv(out, models, flickr, model=model)), build_task_job) == 0
     finally:
         torch.set_num_threads(threads)
     return out
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, models, flickr):
+    return _run_in_process(tmp_path_factory.mktemp("single"), models, flickr)
 
 
 # --- the losses --------------------------------------------------------------------------------------------------
@@ -200,21 +204,25 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_ranks_match_one_rank(tmp_path, models, flickr, single):
+@pytest.mark.parametrize("model", ["clip", "siglip"])
+def test_two_ranks_match_one_rank(tmp_path, models, flickr, single, model):
+    reference = single if model == "clip" else _run_in_process(tmp_path / "one", models, flickr, model)
+    run = f"RetrievalFlickr30k_{model}"
     for _attempt in range(3):
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                    str(_free_port()), ENTRY, *_argv(tmp_path, models, flickr)]
+                    str(_free_port()), ENTRY, *_argv(tmp_path, models, flickr, model=model)]
         proc = subprocess.run(torchrun, cwd=tmp_path, env=train_env(), capture_output=True, text=True, timeout=240)
         if "Address already in use" not in proc.stderr:
             break
     assert proc.returncode == 0, proc.stderr
     assert "world size 2" in proc.stderr and "4 per step x 1 accumulation x 2 processes" in proc.stderr
-    two, one = _weights(tmp_path), _weights(single)
+    two, one = _weights(tmp_path, run=run), _weights(reference, run=run)
     assert two.keys() == one.keys()
     worst = max((two[k] - one[k]).abs().max().item() for k in one)
     assert worst < 1e-5, worst
-    assert any(not torch.equal(_weights(single, "pytorch_model_-1.bin")[k], one[k]) for k in one)  # it trained
-    assert [s for _, s in _validation(tmp_path)] == [s for _, s in _validation(single)]
+    initial = _weights(reference, "pytorch_model_-1.bin", run=run)
+    assert any(not torch.equal(initial[k], one[k]) for k in one)  # it trained
+    assert [s for _, s in _validation(tmp_path, run)] == [s for _, s in _validation(reference, run)]
 
 
 def test_sigkill_then_resume_matches_the_uninterrupted_run(tmp_path, models, flickr, single):
