@@ -102,6 +102,20 @@ def test_xgqa_scores_equal_direct_computation(world, tmp_path, capsys, rule):
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(expected)   # GQA_score's bare float
 
 
+def test_xgqa_closed_names_both_vocabulary_files(world, tmp_path):
+    """The closed rule reads VOLTA's GQA vocabulary: both trainval_ans2label and trainval_label2ans."""
+    opts = options(world, "xgqa", "de", tmp_path, rule="closed", vocabulary=None, data_root=None)
+    with pytest.raises(KeyError) as err:
+        run_iglue_hf(opts, backend=FakeGenerative())
+    assert "trainval_ans2label.json" in str(err.value) and "trainval_label2ans.json" in str(err.value)
+    root = tmp_path / "root"
+    (root / "gqa/annotations").mkdir(parents=True)
+    (root / "gqa/annotations/trainval_label2ans.json").write_text('["yes", "no"]')
+    opts = options(world, "xgqa", "de", tmp_path / "out", rule="closed", vocabulary=None, data_root=str(root))
+    with pytest.raises(FileNotFoundError, match="trainval_ans2label.json"):
+        run_iglue_hf(opts, backend=FakeGenerative())
+
+
 def test_gqa_answer_normalisation():
     assert normalise_answer("The red car.") == "red car"
     assert normalise_answer("  Yes!\nBecause the sky") == "yes"

@@ -139,8 +139,8 @@ def _model_name(model: str) -> str:
 
 def _gqa_vocabulary(data_root: str | None) -> list[str]:
     if not data_root:
-        raise KeyError("--rule closed needs the GQA answer vocabulary: give --data_root (gqa/annotations/"
-                       "trainval_label2ans.json)")
+        raise KeyError("--rule closed needs the GQA answer vocabulary: give --data_root holding "
+                       "gqa/annotations/trainval_ans2label.json and trainval_label2ans.json (or the .pkl twins)")
     from volta_ml.tasks.gqa import load_vocabulary
 
     return load_vocabulary(str(Path(data_root) / "gqa" / "annotations"))[1]
