@@ -192,7 +192,7 @@ def run_score_command(args) -> int:
 def run_report_command(args) -> int:
     from .collect import data_revisions, load_runs
     from .paper import MODELS
-    from .tables import write_paper_report
+    from .paper_report import write_paper_report
 
     aliases = {}
     for item in args.paper_rows:
