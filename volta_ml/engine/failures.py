@@ -153,9 +153,9 @@ def fail(error: BaseException, prog: str) -> int:
     if code == EXIT_CRASH and not _is_peer_failure(error):
         traceback.print_exception(error, file=sys.stderr)
     stop_workers()
-    if "torch.distributed" in sys.modules:  # else no process group can exist (and torch stays unloaded)
-        from volta_ml.engine.distributed import abort
-        abort()
+    distributed = sys.modules.get("volta_ml.engine.distributed")  # the one module that starts process groups:
+    if distributed is not None:                                    # never loaded, no group (torch stays unloaded)
+        distributed.abort()
     report(prog, cause)
     return code
 
