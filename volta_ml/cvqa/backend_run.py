@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from volta_ml.atomic import atomic_write_json
+from volta_ml.engine.failures import UsageError
 from volta_ml.options import complete_options
 
 from .backends import build_scorer
@@ -51,12 +52,12 @@ def run_backend(args_dict: dict) -> str | None:
         parse_condition(condition)
     for key in ("batch_size", "chunk_size"):
         if int(args[key]) < 1:
-            raise ValueError(f"--{key.replace('_', '-')} must be at least 1, got {args[key]}")
+            raise UsageError(f"--{key.replace('_', '-')} must be at least 1, got {args[key]}")
     dataset = load_cvqa(args["data"], revision=args["revision"], limit=args["limit"])
     info = init_distributed(device=None if args["device_map"] else args["device"])
     try:
         if args["device_map"] and info.world_size > 1:
-            raise ValueError(f"--device-map {args['device_map']} spreads one model over every GPU of the node; "
+            raise UsageError(f"--device-map {args['device_map']} spreads one model over every GPU of the node; "
                              f"run one process, not {info.world_size} (torchrun / srun)")
         scorer = build_scorer(args, dataset.questions, str(info.device))
         passes = [(c, False) for c in args["conditions"]]

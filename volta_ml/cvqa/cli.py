@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+from volta_ml.engine.failures import UsageError
 from volta_ml.features.detectors.presets import PRESETS
 
 from .backends import BACKENDS, RULES
@@ -95,21 +96,33 @@ def register(subparsers) -> None:
     cvqa.set_defaults(func=lambda args: cvqa.print_help() or 2)
 
 
-def _clear_errors(command):
-    """Known bad inputs end the command with one `error:` line naming the file or key, not a traceback."""
-    def wrapped(args) -> int:
-        from volta_ml.data.text import TokenizerLoadError
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What a bad input raises on the CVQA paths: the house's input errors (`engine.failures.user_errors`:
+    missing files, `UsageError` for flags, tokenizers, devices, configs, checkpoints, feature stores) and
+    CVQA's and the HF backends' own. A plain KeyError or ValueError is a bug and keeps its traceback."""
+    from volta_ml.engine.failures import user_errors
+    from volta_ml.hf import ChoiceTokenError, ModelLoadError
 
-        from .zoo import MatchingHeadError
-        from .data import CVQAFormatError
+    from .chunks import ResumeMismatch
+    from .collect import ReportInputError
+    from .data import CVQAFormatError
+    from .zoo import MatchingHeadError
+
+    return user_errors() + (CVQAFormatError, MatchingHeadError, ReportInputError, ResumeMismatch, ModelLoadError,
+                            ChoiceTokenError)
+
+
+def _clear_errors(command):
+    """Known bad inputs end the command with one line, `volta-ml cvqa: error: <cause>` naming the file, flag or
+    key, and exit code 2; anything else goes on to `engine.failures.fail` (traceback, exit code 1)."""
+    def wrapped(args) -> int:
+        from volta_ml.engine.failures import EXIT_USAGE, report
 
         try:
             return command(args)
-        except (FileNotFoundError, CVQAFormatError, MatchingHeadError, TokenizerLoadError, KeyError,
-                ValueError) as err:
-            message = err.args[0] if isinstance(err, KeyError) and err.args else err
-            print(f"error: volta-ml cvqa: {message}", file=sys.stderr)
-            return 2
+        except _user_errors() as err:
+            report("volta-ml cvqa", " ".join(line.strip() for line in str(err).splitlines() if line.strip()))
+            return EXIT_USAGE
     wrapped.__name__ = command.__name__
     return wrapped
 
@@ -144,7 +157,7 @@ def _run_zoo(args) -> str:
 
     missing = [f"--{k}" for k in ZOO_REQUIRED if not getattr(args, k)]
     if missing:
-        raise ValueError(f"--backend zoo needs {', '.join(missing)}")
+        raise UsageError(f"--backend zoo needs {', '.join(missing)}")
     keys = ("data", "features", "config", "checkpoint", "bert_model", "do_lower_case", "kind", "task_id",
             "revision", "conditions", "max_seq_length", "max_region_num", "device", "amp", "text_only", "limit",
             "output_dir", "progress", "preset", "detector_weights", "max_side", "max_pixels")
@@ -198,7 +211,7 @@ def run_report_command(args) -> int:
     for item in args.paper_rows:
         model, sep, row = item.rpartition("=")
         if not sep or row not in MODELS:
-            raise ValueError(f"--paper-row {item!r}: expected MODEL=ROW with ROW one of {', '.join(MODELS)}")
+            raise UsageError(f"--paper-row {item!r}: expected MODEL=ROW with ROW one of {', '.join(MODELS)}")
         aliases[model] = row
     runs = load_runs(args.dirs, aliases)
     files = write_paper_report(runs, args.out, digits=args.digits, plots=args.plots,
