@@ -280,6 +280,29 @@ def test_load_errors_are_one_line(root, tmp_path):
     assert "\n" not in str(e.value)
 
 
+def test_mclip_text_base_outside_the_cache_is_one_line(root, tmp_path, monkeypatch):
+    """M-CLIP builds its XLM-R tower from the config of `modelBase` (a hub id in the published models): not in the
+    local HF cache, that is one line saying so; `text_base` (--text-base) points at a local copy instead."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)     # nothing is downloaded
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    built = build("mclip", root)
+    model = tmp_path / "mclip-hub-base"
+    shutil.copytree(built, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(dict(config, modelBase="FacebookAI/xlm-roberta-large")))
+    extra = spec_extra("mclip", built)
+    with pytest.raises(ModelLoadError) as e:
+        load_backend("mclip", ModelSpec(str(model), extra=extra))
+    message = str(e.value)
+    assert "\n" not in message and "'FacebookAI/xlm-roberta-large'" in message
+    assert "must be in the local Hugging Face cache or be given as a local folder (--text-base" in message
+    backend = load_backend("mclip", ModelSpec(str(model), extra=dict(extra, text_base=str(built / "xlmr-base"))))
+    reference = load_backend("mclip", ModelSpec(str(built), extra=extra))
+    torch.testing.assert_close(backend.embed_texts(["ein Hund", "a dog"]), reference.embed_texts(["ein Hund", "a dog"]))
+
+
 def test_dtype_is_applied(root):
     b = load_backend("mllm", ModelSpec(str(build("blip2-opt", root)), dtype="bf16"))
     assert next(b.model.parameters()).dtype == torch.bfloat16

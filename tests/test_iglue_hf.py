@@ -332,3 +332,16 @@ def test_grid_rejects_hf_models_in_training_protocols(world, tmp_path):
     path.write_text(yaml.safe_dump(dict(base, models={"m": {"hf": {"backend": "mllm", "model": "x", "dtyp": 1}}})))
     with pytest.raises(GridError, match=r"models.m.hf: unknown key\(s\) \['dtyp'\]"):
         load_grid(path)
+
+
+def test_text_base_flag_goes_into_the_backend_extra(monkeypatch):
+    """`volta-ml iglue-hf --text_base X` is M-CLIP's `extra["text_base"]`, next to the --extra options."""
+    from volta_ml.cli import main
+    from volta_ml.iglue_hf import run
+
+    seen = {}
+    monkeypatch.setattr(run, "run_iglue_hf", lambda options: seen.update(options))
+    assert main(["iglue-hf", "--task", "xflickrco", "--backend", "mclip", "--model", "/m", "--lang", "de",
+                 "--images", "/i", "--output_dir", "/o", "--extra", '{"image_model": "/clip"}',
+                 "--text_base", "/xlmr-large"]) == 0
+    assert seen["extra"] == {"image_model": "/clip", "text_base": "/xlmr-large"} and "text_base" not in seen

@@ -32,9 +32,9 @@ from .zoo import predict
 
 DEFAULTS = {
     "revision": None, "conditions": list(CONDITIONS), "template": None, "rule": "letter", "model": None,
-    "model_revision": None, "image_model": None, "dtype": "fp32", "device": "auto", "device_map": None,
-    "batch_size": 8, "chunk_size": 256, "text_only": True, "limit": None, "progress": True, "predictions": None,
-    "max_side": None, "max_pixels": None,
+    "model_revision": None, "image_model": None, "text_base": None, "dtype": "fp32", "device": "auto",
+    "device_map": None, "batch_size": 8, "chunk_size": 256, "text_only": True, "limit": None, "progress": True,
+    "predictions": None, "max_side": None, "max_pixels": None,
 }
 REQUIRED = ("data", "backend", "output_dir")
 

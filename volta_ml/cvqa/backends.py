@@ -246,7 +246,7 @@ def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> 
     from volta_ml.hf import load_backend
     from volta_ml.hf.base import ModelSpec
 
-    extra = {"image_model": args["image_model"]} if args.get("image_model") else {}
+    extra = {key: args[key] for key in ("image_model", "text_base") if args.get(key)}
     spec = ModelSpec(model=args["model"], revision=args["model_revision"], dtype=args["dtype"], device=device,
                      device_map=args["device_map"], extra=extra)
     return BUILDERS[backend](load_backend(backend, spec), args)

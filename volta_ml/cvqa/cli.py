@@ -53,6 +53,9 @@ def register(subparsers) -> None:
                     help="pinned commit of --model (recorded in every result file)")
     hf.add_argument("--image-model", dest="image_model", default=None,
                     help="mclip: the CLIP image tower (default openai/clip-vit-base-patch32)")
+    hf.add_argument("--text-base", dest="text_base", default=None,
+                    help="mclip: the XLM-R config its text tower is built from (default: modelBase of the M-CLIP "
+                    "config); a hub id in the local HF cache or a local folder")
     hf.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="fp32")
     hf.add_argument("--device-map", dest="device_map", choices=("auto",), default=None,
                     help="accelerate spreads a model larger than one GPU (then --device is ignored)")
@@ -169,7 +172,7 @@ def _run_backend(args) -> str | None:
     from .backend_run import run_backend
 
     keys = ("data", "backend", "revision", "conditions", "template", "rule", "model", "model_revision",
-            "image_model", "dtype", "device", "device_map", "chunk_size", "text_only", "limit", "output_dir",
+            "image_model", "text_base", "dtype", "device", "device_map", "chunk_size", "text_only", "limit", "output_dir",
             "progress", "predictions", "max_side", "max_pixels")
     return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8})
 

@@ -20,6 +20,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra", type=_json_object, default=None, metavar="JSON",
                         help='backend options (ModelSpec.extra), e.g. \'{"max_images": 2}\' for a multi-image '
                              'LLaVA-like model or \'{"image_model": "..."}\' for M-CLIP')
+    parser.add_argument("--text_base", default=None,
+                        help="mclip: the XLM-R config its text tower is built from (default: modelBase of the "
+                             "M-CLIP config), a hub id in the local HF cache or a local folder (= extra text_base)")
     parser.add_argument("--rule", default=None,
                         help="xvnli/marvl: letter (default) | likelihood; xgqa: generate (default) | closed")
     parser.add_argument("--lang", required=True)
@@ -66,7 +69,9 @@ def run_command(args) -> int:
     from .run import run_iglue_hf
     from .tasks import BackendTaskError
 
-    options = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    options = {k: v for k, v in vars(args).items() if k not in ("func", "command", "text_base")}
+    if args.text_base:
+        options["extra"] = {**(options["extra"] or {}), "text_base": args.text_base}
     try:
         run_iglue_hf(options)
     except (KeyError, ValueError, FileNotFoundError, MissingImagesError, AnnotationError, BackendTaskError) as err:
