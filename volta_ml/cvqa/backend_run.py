@@ -169,10 +169,12 @@ def photo_batches(dataset: CVQADataset, chunk, batch_size: int, need_photos: boo
 
 
 def decode_photo(data: bytes, image_id: str, args: dict, failed: dict):
-    """RGB `PIL.Image` (EXIF orientation applied, as `datasets` decodes), or None (reason put in `failed`)."""
+    """RGB `PIL.Image` (EXIF orientation applied, as `datasets` decodes; transparency on white, `photo_rgb`), or
+    None (reason put in `failed`)."""
     from PIL import Image, ImageOps
 
     from volta_ml.features.images import ImageError
+    from volta_ml.hf.loading import photo_rgb
 
     try:
         with Image.open(io.BytesIO(data)) as probe:
@@ -180,7 +182,7 @@ def decode_photo(data: bytes, image_id: str, args: dict, failed: dict):
         if width * height > args["max_pixels"]:
             raise ImageError(f"{width}x{height} pixels exceeds --max-pixels {args['max_pixels']} (possible "
                              "decompression bomb)")
-        image = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
+        image = photo_rgb(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
         if args["max_side"] and max(image.size) > args["max_side"]:
             image.thumbnail((args["max_side"], args["max_side"]), Image.Resampling.BICUBIC)
         return image
