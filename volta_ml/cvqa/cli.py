@@ -12,6 +12,10 @@ from .backends import BACKENDS, RULES
 from .prompts import CONDITIONS, TEMPLATES
 
 
+DATA_HELP = ("folder of CVQA parquet shards (a local copy of afaji/cvqa), or the hub id afaji/cvqa read from the "
+             "local Hugging Face cache (HF_HUB_CACHE; nothing is downloaded)")
+
+
 def register(subparsers) -> None:
     cvqa = subparsers.add_parser("cvqa", help="CVQA: culturally diverse multilingual multiple-choice VQA",
                                  description="Zero-shot CVQA with the VOLTA zoo's matching heads, CLIP-family "
@@ -19,8 +23,9 @@ def register(subparsers) -> None:
     sub = cvqa.add_subparsers(dest="cvqa_command", metavar="STEP")
 
     ex = sub.add_parser("extract", help="region features for the CVQA images, read from the parquet shards")
-    ex.add_argument("--data", required=True, help="folder of CVQA parquet shards (local copy of afaji/cvqa)")
-    ex.add_argument("--revision", default=None, help="HF commit of the data (recorded in the store)")
+    ex.add_argument("--data", required=True, help=DATA_HELP)
+    ex.add_argument("--revision", default=None, help="HF commit of the data (recorded in the store; with a hub id: "
+                    "the cached snapshot to read, default the cached main)")
     ex.add_argument("--preset", required=True, choices=sorted(PRESETS), help="detector preset")
     ex.add_argument("--weights", required=True, help="detector weights (.pkl / .pth / converted .safetensors)")
     ex.add_argument("--out", required=True, help="native feature store to create or resume")
@@ -35,9 +40,9 @@ def register(subparsers) -> None:
     sc = sub.add_parser("score", help="score a model on CVQA and write results, tables, plot, submissions",
                         description="Backends: " + "; ".join(f"{k}: {v}" for k, v in BACKENDS.items()))
     sc.add_argument("--backend", choices=list(BACKENDS), default="zoo", help="how the options are scored")
-    sc.add_argument("--data", required=True, help="folder of CVQA parquet shards")
-    sc.add_argument("--revision", default=None, help="HF commit of the data (recorded in every result file; "
-                    "the model's commit is --model-revision)")
+    sc.add_argument("--data", required=True, help=DATA_HELP)
+    sc.add_argument("--revision", default=None, help="HF commit of the data (recorded in every result file; with "
+                    "a hub id: the cached snapshot to read; the model's commit is --model-revision)")
     zoo = sc.add_argument_group("zoo backend (region features + a VOLTA checkpoint's matching head)")
     zoo.add_argument("--features", help="feature store from `volta-ml cvqa extract`")
     zoo.add_argument("--config", "--config_file", dest="config", help="model config name or JSON")
