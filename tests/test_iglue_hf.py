@@ -334,14 +334,19 @@ def test_grid_rejects_hf_models_in_training_protocols(world, tmp_path):
         load_grid(path)
 
 
-def test_text_base_flag_goes_into_the_backend_extra(monkeypatch):
+def test_text_base_flag_goes_into_the_backend_extra(world, tmp_path, monkeypatch):
     """`volta-ml iglue-hf --text_base X` is M-CLIP's `extra["text_base"]`, next to the --extra options."""
     from volta_ml.cli import main
     from volta_ml.iglue_hf import run
 
-    seen = {}
-    monkeypatch.setattr(run, "run_iglue_hf", lambda options: seen.update(options))
-    assert main(["iglue-hf", "--task", "xflickrco", "--backend", "mclip", "--model", "/m", "--lang", "de",
-                 "--images", "/i", "--output_dir", "/o", "--extra", '{"image_model": "/clip"}',
-                 "--text_base", "/xlmr-large"]) == 0
-    assert seen["extra"] == {"image_model": "/clip", "text_base": "/xlmr-large"} and "text_base" not in seen
+    class Loaded(BaseException):   # past the command's error handling
+        pass
+
+    def load_backend(kind, model, options):
+        raise Loaded(options["extra"])
+    monkeypatch.setattr(run, "load_backend", load_backend)
+    with pytest.raises(Loaded) as loaded:
+        main(["iglue-hf", "--task", "xflickrco", "--backend", "mclip", "--model", "/m", "--lang", "de",
+              "--data_root", str(world["root"]), "--images", str(world["images"] / "xflickrco"),
+              "--output_dir", str(tmp_path), "--extra", '{"image_model": "/clip"}', "--text_base", "/xlmr-large"])
+    assert loaded.value.args[0] == {"image_model": "/clip", "text_base": "/xlmr-large"}

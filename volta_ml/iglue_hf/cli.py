@@ -69,9 +69,7 @@ def run_command(args) -> int:
     from .run import run_iglue_hf
     from .tasks import BackendTaskError
 
-    options = {k: v for k, v in vars(args).items() if k not in ("func", "command", "text_base")}
-    if args.text_base:
-        options["extra"] = {**(options["extra"] or {}), "text_base": args.text_base}
+    options = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     try:
         run_iglue_hf(options)
     except (KeyError, ValueError, FileNotFoundError, MissingImagesError, AnnotationError, BackendTaskError) as err:
