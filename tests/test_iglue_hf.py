@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, shared_path
-from helpers_iglue_hf import FailingAfter, FakeDual, FakeGenerative, build_data_root, make_images
+from helpers_fake_backends import FailingAfter, FakeDual, FakeGenerative
+from helpers_iglue_hf import build_data_root, make_images
 from volta_ml.iglue_hf.data import read_task
 from volta_ml.iglue_hf.images import DEFAULT_TEMPLATES, ImageSource, MissingImagesError, side_by_side
 from volta_ml.iglue_hf.prompts import OPTIONS, letter_choices, user_turn
