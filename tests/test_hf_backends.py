@@ -321,8 +321,6 @@ def test_photos_are_composited_on_white_as_the_processors_do(root, tmp_path, mod
     """One convention for every HF backend's photos: `photo_rgb` (transparency on white) gives the pixels of
     transformers' `convert_to_rgb`, so a CLIP processor sees the same image whether the project or the
     processor converts it; both image readers (IGLUE files, CVQA parquet bytes) use it."""
-    import io
-
     from transformers.image_transforms import convert_to_rgb
 
     from volta_ml.cvqa.backend_run import decode_photo

@@ -8,7 +8,7 @@ Public API (see docs/architecture.md and docs/features.md):
 from __future__ import annotations
 
 from .detect import detect_format, open_store
-from .formats import FORMATS, reader_class
+from .formats import FORMATS
 from .records import (FeatureDimError, FeatureRecord, FeatureStoreError, IncompleteStoreError,
                       MissingImageError)
 from .region_view import RegionSample, RegionView, box_locations
