@@ -126,10 +126,11 @@ def test_hub_id_is_read_from_the_local_cache(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError) as err:
         load_cvqa("afaji/cvqa", revision="0" * 40)
     message = str(err.value)
-    assert "\n" not in message and message.startswith(f"CVQA data afaji/cvqa at revision {'0' * 40} is not in "
-                                                      "the local Hugging Face cache")
+    assert "\n" not in message and message.startswith(f"CVQA data afaji/cvqa: no such folder, and no snapshot of "
+                                                      f"revision {'0' * 40} of the hub dataset afaji/cvqa in the "
+                                                      "local Hugging Face cache")
     assert "nothing is downloaded" in message and "hf download afaji/cvqa --repo-type dataset" in message
-    with pytest.raises(FileNotFoundError, match="CVQA data someone/other is not in the local Hugging Face cache"):
+    with pytest.raises(FileNotFoundError, match="no snapshot of the hub dataset someone/other in the local Hugging Face cache"):
         load_cvqa("someone/other")
 
 

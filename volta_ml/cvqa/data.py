@@ -229,9 +229,10 @@ def resolve_data(data: str | Path, revision: str | None = None) -> Path:
     except (LocalEntryNotFoundError, HFValidationError):
         at = f" --revision {revision}" if revision else ""
         raise FileNotFoundError(
-            f"CVQA data {data}{' at revision ' + revision if revision else ''} is not in the local Hugging Face "
-            f"cache ({constants.HF_HUB_CACHE}) and nothing is downloaded: fetch it first (hf download {data} "
-            f"--repo-type dataset{at}) or give the folder of its parquet shards") from None
+            f"CVQA data {data}: no such folder, and no snapshot{' of revision ' + revision if revision else ''} of "
+            f"the hub dataset {data} in the local Hugging Face cache ({constants.HF_HUB_CACHE}); nothing is "
+            f"downloaded: fetch it first (hf download {data} --repo-type dataset{at}) or give the folder of its "
+            "parquet shards") from None
 
 
 def load_cvqa(root: str | Path, revision: str | None = None, limit: int | None = None) -> CVQADataset:
