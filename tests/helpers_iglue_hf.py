@@ -1,6 +1,6 @@
 """Fixtures for the IGLUE x Hugging Face tests: subsets of the real IGLUE annotation files laid out as IGLUE's
-datasets/ folder, generated images for every image they name, and small deterministic backends that keep the
-`volta_ml.hf.base` contract (the tiny real models of tests/helpers_hf.py are exercised where available)."""
+datasets/ folder and generated images for every image they name. The stand-in backends are in
+tests/helpers_fake_backends.py (shared with the CVQA tests); the tiny real models in tests/helpers_hf.py."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,8 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image
 
-from volta_ml.hf.base import ModelSpec
 from volta_ml.iglue_hf.data import image_refs, read_task
 from volta_ml.iglue_hf.images import DEFAULT_TEMPLATES, ImageSource
 
@@ -57,79 +55,3 @@ def make_images(task: str, annotation: Path, lang: str, image_root: Path) -> Non
         rng = np.random.default_rng(_seed(ref.id))
         h, w = int(rng.integers(12, 24)), int(rng.integers(12, 24))
         Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(path)
-
-
-def image_key(image) -> str:
-    return "blank" if image is None else str(np.asarray(image, dtype=np.int64).sum()) + f"x{image.size}"
-
-
-class FakeDual:
-    """Embeddings from the pixels / the text (deterministic, per item), L2-normalised."""
-
-    def __init__(self, dim: int = 16):
-        self.spec, self.dim, self.calls = ModelSpec("fake-dual"), dim, 0
-
-    def _vec(self, key: str) -> torch.Tensor:
-        g = torch.Generator().manual_seed(_seed(key))
-        v = torch.randn(self.dim, generator=g)
-        return v / v.norm()
-
-    def embed_images(self, images):
-        self.calls += 1
-        return torch.stack([self._vec("img" + image_key(im)) for im in images])
-
-    def embed_texts(self, texts):
-        self.calls += 1
-        return torch.stack([self._vec("txt" + t) for t in texts])
-
-
-class FakeGenerative:
-    """Scores from a hash of (rendered prompt, images, candidate): what a batch gives equals one at a time."""
-
-    def __init__(self, max_images: int = 1, answers=("yes", "no", "The red car.", "left")):
-        self.spec, self.max_images, self.answers = ModelSpec("fake-mllm"), max_images, list(answers)
-        self.prompt_format, self.calls = "chat_template", 0
-
-    def render(self, prompt, num_images):
-        return "USER: " + "<image>" * num_images + "\n" + prompt + " ASSISTANT:"
-
-    def _value(self, images, prompt, candidate) -> float:
-        key = self.render(prompt, len(images)) + "|".join(image_key(im) for im in images) + "#" + candidate
-        return (_seed(key) % 10007) / 1000.0 - 5.0
-
-    def choice_logits(self, images, prompts, choices):
-        self.calls += 1
-        return torch.tensor([[self._value(ims, p, c) for c in choices] for ims, p in zip(images, prompts)])
-
-    def continuation_logprobs(self, images, prompts, continuations):
-        self.calls += 1
-        sums = torch.tensor([[-abs(self._value(ims, p, "lp" + c)) for c in conts]
-                             for ims, p, conts in zip(images, prompts, continuations)])
-        counts = torch.tensor([[len(c.split()) for c in conts] for conts in continuations])
-        return sums, counts
-
-    def generate(self, images, prompts, max_new_tokens):
-        self.calls += 1
-        return [self.answers[_seed(self.render(p, len(ims)), *map(image_key, ims)) % len(self.answers)]
-                for ims, p in zip(images, prompts)]
-
-
-class FailingAfter:
-    """Wraps a backend and raises after `n` calls (an interrupted run)."""
-
-    def __init__(self, backend, n: int):
-        self.backend, self.left = backend, n
-        self.spec = backend.spec
-        for name in ("max_images", "prompt_format"):
-            if hasattr(backend, name):
-                setattr(self, name, getattr(backend, name))
-
-    def __getattr__(self, name):
-        method = getattr(self.backend, name)
-
-        def call(*args, **kwargs):
-            if self.left <= 0:
-                raise RuntimeError("interrupted")
-            self.left -= 1
-            return method(*args, **kwargs)
-        return call

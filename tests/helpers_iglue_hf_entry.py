@@ -2,7 +2,7 @@
 import json
 import sys
 
-from helpers_iglue_hf import FakeDual, FakeGenerative
+from helpers_fake_backends import FakeDual, FakeGenerative
 from volta_ml.engine.distributed import finish_process
 from volta_ml.iglue_hf.run import run_iglue_hf
 

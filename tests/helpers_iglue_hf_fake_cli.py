@@ -1,9 +1,9 @@
-"""`volta-ml iglue-hf` with the same flags, but the contract fakes of helpers_iglue_hf as backends (for sweep
+"""`volta-ml iglue-hf` with the same flags, but the contract fakes of helpers_fake_backends as backends (for sweep
 tests without model weights): --backend clip -> FakeDual, anything else -> FakeGenerative."""
 import argparse
 import sys
 
-from helpers_iglue_hf import FakeDual, FakeGenerative
+from helpers_fake_backends import FakeDual, FakeGenerative
 from volta_ml.iglue_hf.cli import add_flags
 from volta_ml.iglue_hf.run import run_iglue_hf
 

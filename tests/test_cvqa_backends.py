@@ -1,4 +1,4 @@
-"""`volta-ml cvqa score --backend clip|mclip|mllm|import` with stand-in backends (tests/helpers_cvqa_backends.py):
+"""`volta-ml cvqa score --backend clip|mclip|mllm|import` with stand-in backends (tests/helpers_fake_backends.py):
 scores equal a direct computation, photos embedded once, chunked resume, refused mismatches, import errors."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers_cvqa import REVISION, ROWS, image_png, write_release
-from helpers_cvqa_backends import LOADED, FakeDualEncoder, FakeGenerative, install
+from helpers_fake_backends import LOADED, FakeDual, FakeGenerative, install
 
 from volta_ml.cli import main
 from volta_ml.cvqa.data import load_cvqa
@@ -52,7 +52,7 @@ def test_clip_scores_are_cosines_and_each_photo_is_embedded_once_per_batch(relea
     assert score(release, out, "--backend", "clip", "--model", "fake/clip", "--model-revision", "abc123",
                  "--batch-size", "3", "--chunk-size", "5") == 0
     questions = load_cvqa(release).questions
-    encoder = FakeDualEncoder(None)
+    encoder = FakeDual()
     for condition in ALL:
         got = saved_scores(out, condition)["score"]
         for q, row in zip(questions, got):
@@ -265,7 +265,7 @@ def test_two_gloo_ranks_give_the_same_files_as_one_process(release, tmp_path, fa
 
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
-    script = str(repo / "tests" / "helpers_cvqa_backends.py")
+    script = str(repo / "tests" / "helpers_fake_backends.py")
     args = ["cvqa", "score", "--data", str(release), "--backend", "mllm", "--model", "fake/m", "--rule", "open",
             "--conditions", "en-aware", "loc-agnostic", "--chunk-size", "2", "--batch-size", "2", "--device",
             "cpu", "--no-progress"]

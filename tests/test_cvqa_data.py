@@ -102,3 +102,54 @@ def test_empty_shards_are_an_error(tmp_path):
     pq.write_table(_table([]), tmp_path / "empty" / "test.parquet")
     with pytest.raises(CVQAFormatError, match="hold no questions"):
         load_cvqa(tmp_path / "empty")
+
+
+def _hub_cache(tmp_path):
+    """A Hugging Face cache (HF_HUB_CACHE) holding afaji/cvqa at REVISION, with refs/main pointing at it."""
+    cache = tmp_path / "hub"
+    repo = cache / "datasets--afaji--cvqa"
+    write_release(repo, "latest")                    # repo/snapshots/<REVISION>/data/*.parquet
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(REVISION)
+    return cache
+
+
+def test_hub_id_is_read_from_the_local_cache(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(_hub_cache(tmp_path)))
+    folder = load_cvqa(write_release(tmp_path / "folder", "latest"))
+    for revision in (REVISION, None):                # pinned, or the cached main
+        data = load_cvqa("afaji/cvqa", revision=revision)
+        assert data.revision == REVISION and data.questions == folder.questions
+        assert dict(data.iter_images()) == dict(folder.iter_images())
+    with pytest.raises(FileNotFoundError) as err:
+        load_cvqa("afaji/cvqa", revision="0" * 40)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"CVQA data afaji/cvqa: no such folder, and no snapshot of "
+                                                      f"revision {'0' * 40} of the hub dataset afaji/cvqa in the "
+                                                      "local Hugging Face cache")
+    assert "nothing is downloaded" in message and "hf download afaji/cvqa --repo-type dataset" in message
+    with pytest.raises(FileNotFoundError, match="no snapshot of the hub dataset someone/other in the local Hugging Face cache"):
+        load_cvqa("someone/other")
+
+
+def test_the_command_reads_a_cached_hub_id(tmp_path):
+    """`volta-ml cvqa score --data afaji/cvqa --revision <sha>` with HF_HUB_CACHE set, offline."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    predictions = tmp_path / "p.csv"
+    predictions.write_text("ID,Prediction\n" + "".join(f"{r[0]},{r[6]}\n" for r in ROWS))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_CACHE": str(_hub_cache(tmp_path)), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "volta_ml.cli", "cvqa", "score", "--data", "afaji/cvqa",
+                           "--revision", REVISION, "--backend", "import", "--conditions", "en-aware", "--predictions",
+                           str(predictions), "--output_dir", str(tmp_path / "out"), "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "out" / "cvqa_results.json").read_text())
+    assert results["revision"] == REVISION and results["runs"]["en-aware"]["micro"] == 100.0

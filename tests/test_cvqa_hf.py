@@ -9,6 +9,7 @@ import functools
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -144,6 +145,29 @@ def letter_id(proc, prompt, letter, enc_dec):
         full = proc.apply_chat_template(user + [{"role": "assistant", "content": [{"type": "text", "text": letter}]}])
         return after(tok, head, full[len(head):])[0]
     return after(tok, prompt, " " + letter)[0]
+
+
+def test_mclip_text_base_flag(root, release, tmp_path, monkeypatch, capsys):
+    """--text-base replaces the M-CLIP config's modelBase; a modelBase outside the local HF cache without it is one
+    line (exit 2)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)     # nothing is downloaded
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    built = build("mclip", root / "models")
+    model = tmp_path / "mclip-hub-base"
+    shutil.copytree(built, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(dict(config, modelBase="FacebookAI/xlm-roberta-large")))
+    args = ["cvqa", "score", "--backend", "mclip", "--model", str(model), "--data", str(release), "--device", "cpu",
+            "--no-progress", "--no-text-only", "--conditions", "en-aware", "--limit", "2",
+            "--image-model", spec_extra("mclip", built)["image_model"]]
+    capsys.readouterr()                                       # the build's own output
+    assert main(args + ["--output_dir", str(tmp_path / "a")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"volta-ml cvqa: error: {model}: cannot read the config of its "
+                                                   "XLM-R text base 'FacebookAI/xlm-roberta-large'")
+    assert main(args + ["--output_dir", str(tmp_path / "b"), "--text-base", str(built / "xlmr-base")]) == 0
 
 
 @torch.inference_mode()

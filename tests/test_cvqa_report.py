@@ -96,3 +96,25 @@ def test_predictions_keep_scores_at_full_precision(tmp_path):
                        "revision": "rev", "question_en": "q"}
     write_predictions(tmp_path / "imported.csv", QUESTIONS, EN, None, "en-aware", "rev")
     assert open(tmp_path / "imported.csv").read().splitlines()[1] == "1_0,0,0,India-Telugu,Cooking and Food,Self,,,,,en-aware,rev,q"
+
+
+def test_report_command_errors_user_one_line_bug_traceback(tmp_path, capsys, monkeypatch):
+    """`volta-ml cvqa`: a bad input is one line in the house form (exit 2); a programming error, here a KeyError
+    from inside the report code, is not mistaken for one: traceback and exit 1."""
+    from volta_ml.cli import main
+    from volta_ml.cvqa import collect
+
+    assert main(["cvqa", "report", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"volta-ml cvqa: error: {tmp_path / 'missing'}: no such file or folder"]
+    assert main(["cvqa", "report", str(tmp_path), "--out", str(tmp_path / "r"), "--paper-row", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("volta-ml cvqa: error: --paper-row 'nope': expected MODEL=ROW")
+
+    def broken(*args, **kwargs):
+        return {}["run"]
+    monkeypatch.setattr(collect, "load_runs", broken)
+    assert main(["cvqa", "report", str(tmp_path), "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "in broken" in err
+    assert err.strip().splitlines()[-1] == "volta-ml cvqa: error: KeyError: 'run'"

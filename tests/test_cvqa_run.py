@@ -137,13 +137,13 @@ def test_console_errors_are_one_line(tmp_path, step, extra, message):
     done = subprocess.run([sys.executable, "-m", "volta_ml.cli", "cvqa", step, *extra], cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert f"error: volta-ml cvqa: {message}" in done.stderr
+    assert f"volta-ml cvqa: error: {message}" in done.stderr
 
 
 def test_zoo_result_folder_goes_into_the_paper_tables(files, tmp_path):
     """A folder written by today's zoo path is a row of the paper tables (no paper value: not a paper model)."""
     from volta_ml.cvqa.collect import load_runs
-    from volta_ml.cvqa.tables import write_paper_report
+    from volta_ml.cvqa.paper_report import write_paper_report
 
     out = files["tmp"] / "zoo_for_report"
     path = run_cvqa({**files["args"], "data": str(files["latest"]), "output_dir": str(out),

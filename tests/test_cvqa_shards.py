@@ -73,4 +73,4 @@ def test_the_command_prints_one_line_and_exits_2(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: volta-ml cvqa: {shards(data)[1]}: damaged parquet")
+    assert len(lines) == 1 and lines[0].startswith(f"volta-ml cvqa: error: {shards(data)[1]}: damaged parquet")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -318,6 +319,64 @@ def test_load_errors_are_one_line(root, tmp_path):
     with pytest.raises(ModelLoadError, match=r"broken-mclip: cannot read .*pytorch_model\.bin") as e:
         load_backend("mclip", ModelSpec(str(broken)))
     assert "\n" not in str(e.value)
+
+
+def test_mclip_text_base_outside_the_cache_is_one_line(root, tmp_path, monkeypatch):
+    """M-CLIP builds its XLM-R tower from the config of `modelBase` (a hub id in the published models): not in the
+    local HF cache, that is one line saying so; `text_base` (--text-base) points at a local copy instead."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)     # nothing is downloaded
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    built = build("mclip", root)
+    model = tmp_path / "mclip-hub-base"
+    shutil.copytree(built, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(dict(config, modelBase="FacebookAI/xlm-roberta-large")))
+    extra = spec_extra("mclip", built)
+    with pytest.raises(ModelLoadError) as e:
+        load_backend("mclip", ModelSpec(str(model), extra=extra))
+    message = str(e.value)
+    assert "\n" not in message and "'FacebookAI/xlm-roberta-large'" in message
+    assert "must be in the local Hugging Face cache or be given as a local folder (--text-base" in message
+    backend = load_backend("mclip", ModelSpec(str(model), extra=dict(extra, text_base=str(built / "xlmr-base"))))
+    reference = load_backend("mclip", ModelSpec(str(built), extra=extra))
+    torch.testing.assert_close(backend.embed_texts(["ein Hund", "a dog"]), reference.embed_texts(["ein Hund", "a dog"]))
+
+
+def _transparent_photos() -> dict:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rgba = Image.fromarray(rng.integers(0, 256, (20, 30, 4), dtype=np.uint8), "RGBA")   # every alpha level
+    palette = Image.fromarray(rng.integers(0, 8, (20, 30), dtype=np.uint8), "P")
+    palette.putpalette(list(rng.integers(0, 256, 768, dtype=np.uint8)))
+    palette.info["transparency"] = 3
+    return {"RGBA": rgba, "LA": rgba.convert("LA"), "P+transparency": palette, "RGB": rgba.convert("RGB"),
+            "L": rgba.convert("L")}
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P+transparency", "RGB", "L"])
+def test_photos_are_composited_on_white_as_the_processors_do(root, tmp_path, mode):
+    """One convention for every HF backend's photos: `photo_rgb` (transparency on white) gives the pixels of
+    transformers' `convert_to_rgb`, so a CLIP processor sees the same image whether the project or the
+    processor converts it; both image readers (IGLUE files, CVQA parquet bytes) use it."""
+    from transformers.image_transforms import convert_to_rgb
+
+    from volta_ml.cvqa.backend_run import decode_photo
+    from volta_ml.hf.loading import photo_rgb
+    from volta_ml.iglue_hf.images import ImageRef, ImageSource
+
+    image = _transparent_photos()[mode]
+    expected = convert_to_rgb(image, return_numpy=True)
+    assert np.array_equal(np.asarray(photo_rgb(image)), expected)
+    image.save(tmp_path / "photo.png")
+    read = ImageSource(tmp_path, "{id}.png").load(ImageRef(id="photo"))
+    assert read.mode == "RGB" and np.array_equal(np.asarray(read), expected)
+    decoded = decode_photo((tmp_path / "photo.png").read_bytes(), "photo", {"max_pixels": 10**8, "max_side": None}, {})
+    assert decoded.mode == "RGB" and np.array_equal(np.asarray(decoded), expected)
+    backend = load_backend("clip", ModelSpec(str(build("clip", root))))
+    torch.testing.assert_close(backend.embed_images([read]), backend.embed_images([image]), rtol=0, atol=0)
 
 
 def test_dtype_is_applied(root):

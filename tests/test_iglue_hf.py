@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, shared_path
-from helpers_iglue_hf import FailingAfter, FakeDual, FakeGenerative, build_data_root, make_images
+from helpers_fake_backends import FailingAfter, FakeDual, FakeGenerative
+from helpers_iglue_hf import build_data_root, make_images
 from volta_ml.iglue_hf.data import read_task
 from volta_ml.iglue_hf.images import DEFAULT_TEMPLATES, ImageSource, MissingImagesError, side_by_side
 from volta_ml.iglue_hf.prompts import OPTIONS, letter_choices, user_turn
@@ -105,6 +106,20 @@ def test_xgqa_scores_equal_direct_computation(world, tmp_path, capsys, rule):
                                   rule, examples, ImageSource(opts["images"], "{id}.jpg"), vocabulary=vocabulary)
     assert result["metrics"]["score"] == pytest.approx(expected)
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(expected)   # GQA_score's bare float
+
+
+def test_xgqa_closed_names_both_vocabulary_files(world, tmp_path):
+    """The closed rule reads VOLTA's GQA vocabulary: both trainval_ans2label and trainval_label2ans."""
+    opts = options(world, "xgqa", "de", tmp_path, rule="closed", vocabulary=None, data_root=None)
+    with pytest.raises(KeyError) as err:
+        run_iglue_hf(opts, backend=FakeGenerative())
+    assert "trainval_ans2label.json" in str(err.value) and "trainval_label2ans.json" in str(err.value)
+    root = tmp_path / "root"
+    (root / "gqa/annotations").mkdir(parents=True)
+    (root / "gqa/annotations/trainval_label2ans.json").write_text('["yes", "no"]')
+    opts = options(world, "xgqa", "de", tmp_path / "out", rule="closed", vocabulary=None, data_root=str(root))
+    with pytest.raises(FileNotFoundError, match="trainval_ans2label.json"):
+        run_iglue_hf(opts, backend=FakeGenerative())
 
 
 def test_gqa_answer_normalisation():
@@ -344,3 +359,21 @@ def test_grid_rejects_hf_models_in_training_protocols(world, tmp_path):
     path.write_text(yaml.safe_dump(dict(base, models={"m": {"hf": {"backend": "mllm", "model": "x", "dtyp": 1}}})))
     with pytest.raises(GridError, match=r"models.m.hf: unknown key\(s\) \['dtyp'\]"):
         load_grid(path)
+
+
+def test_text_base_flag_goes_into_the_backend_extra(world, tmp_path, monkeypatch):
+    """`volta-ml iglue-hf --text_base X` is M-CLIP's `extra["text_base"]`, next to the --extra options."""
+    from volta_ml.cli import main
+    from volta_ml.iglue_hf import run
+
+    class Loaded(BaseException):   # past the command's error handling
+        pass
+
+    def load_backend(kind, model, options):
+        raise Loaded(options["extra"])
+    monkeypatch.setattr(run, "load_backend", load_backend)
+    with pytest.raises(Loaded) as loaded:
+        main(["iglue-hf", "--task", "xflickrco", "--backend", "mclip", "--model", "/m", "--lang", "de",
+              "--data_root", str(world["root"]), "--images", str(world["images"] / "xflickrco"),
+              "--output_dir", str(tmp_path), "--extra", '{"image_model": "/clip"}', "--text_base", "/xlmr-large"])
+    assert loaded.value.args[0] == {"image_model": "/clip", "text_base": "/xlmr-large"}

@@ -3,6 +3,7 @@ index (a dry run expands each one), dependencies between the arrays, resources, 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -97,6 +98,26 @@ def test_grid_errors_name_the_key(tmp_path, change, message):
     with pytest.raises(GridError) as error:
         load_grid(grid_file(tmp_path, **change))
     assert message in str(error.value) and "grid.yml" in str(error.value)
+
+
+@pytest.mark.parametrize("change, slurm, message", [
+    ({"tasks": ["wit"], "languages": {"wit": ["ar"]}, "few_shot_languages": {}}, False,
+     "task 'wit' has no few-shot protocol in IGLUE"),
+    ({"tasks": ["xvnli"], "protocols": ["translate_train"]}, False, "task 'xvnli' has no translate-train data"),
+    ({"tasks": ["xflickrco"], "protocols": ["translate_train"]}, False, "models.m3p: translate-train starts from"),
+    ({"slurm": {"partition": "gpu", "qoss": "x"}}, True, "slurm: unknown key(s) ['qoss']"),
+    ({"slurm": {"stages": {"zero_shot": {"gpus": 2}}}}, True, "slurm.stages.zero_shot: unknown resource(s)"),
+])
+def test_planning_errors_are_grid_errors(tmp_path, change, slurm, message):
+    """What the planner and the Slurm writer find wrong in a grid is one line and exit code 2, as every other
+    grid error (these were SystemExit: exit code 1)."""
+    path = grid_file(tmp_path, **change)
+    with pytest.raises(GridError, match=re.escape(message)):
+        write_slurm("t", plan_cells(load_grid(path)), tmp_path / "slurm", load_grid(path).slurm, {}, ["step"])
+    proc = subprocess.run([sys.executable, "-m", "volta_ml.cli", "sweep", str(path)] + (["--slurm"] if slurm else []),
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0] and "grid.yml" in lines[0], proc.stderr
 
 
 def test_example_grids_expand(tmp_path):

@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from volta_ml.atomic import atomic_write_json
+from volta_ml.engine.failures import UsageError
 from volta_ml.options import complete_options
 
 from .backends import build_scorer
@@ -33,9 +34,9 @@ from .zoo import predict
 
 DEFAULTS = {
     "revision": None, "conditions": list(CONDITIONS), "template": None, "rule": "letter", "model": None,
-    "model_revision": None, "image_model": None, "dtype": "fp32", "device": "auto", "device_map": None,
-    "batch_size": 8, "chunk_size": 256, "text_only": True, "limit": None, "progress": True, "predictions": None,
-    "max_side": None, "max_pixels": None, "allow_missing_keys": False, "letter_layout": "paper",
+    "model_revision": None, "image_model": None, "text_base": None, "dtype": "fp32", "device": "auto",
+    "device_map": None, "batch_size": 8, "chunk_size": 256, "text_only": True, "limit": None, "progress": True,
+    "predictions": None, "max_side": None, "max_pixels": None, "allow_missing_keys": False, "letter_layout": "paper",
     "letter_spellings": "natural",
 }
 REQUIRED = ("data", "backend", "output_dir")
@@ -59,12 +60,12 @@ def run_backend(args_dict: dict) -> str | None:
         parse_condition(condition)
     for key in ("batch_size", "chunk_size"):
         if int(args[key]) < 1:
-            raise ValueError(f"--{key.replace('_', '-')} must be at least 1, got {args[key]}")
+            raise UsageError(f"--{key.replace('_', '-')} must be at least 1, got {args[key]}")
     dataset = load_cvqa(args["data"], revision=args["revision"], limit=args["limit"])
     info = init_distributed(device=None if args["device_map"] else args["device"])
     try:
         if args["device_map"] and info.world_size > 1:
-            raise ValueError(f"--device-map {args['device_map']} spreads one model over every GPU of the node; "
+            raise UsageError(f"--device-map {args['device_map']} spreads one model over every GPU of the node; "
                              f"run one process, not {info.world_size} (torchrun / srun)")
         scorer = build_scorer(args, dataset.questions, str(info.device))
         passes = [(c, False) for c in args["conditions"]]
@@ -175,10 +176,12 @@ def photo_batches(dataset: CVQADataset, chunk, batch_size: int, need_photos: boo
 
 
 def decode_photo(data: bytes, image_id: str, args: dict, failed: dict):
-    """RGB `PIL.Image` (EXIF orientation applied, as `datasets` decodes), or None (reason put in `failed`)."""
+    """RGB `PIL.Image` (EXIF orientation applied, as `datasets` decodes; transparency on white, `photo_rgb`), or
+    None (reason put in `failed`)."""
     from PIL import Image, ImageOps
 
     from volta_ml.features.images import ImageError
+    from volta_ml.hf.loading import photo_rgb
 
     try:
         with Image.open(io.BytesIO(data)) as probe:
@@ -186,7 +189,7 @@ def decode_photo(data: bytes, image_id: str, args: dict, failed: dict):
         if width * height > args["max_pixels"]:
             raise ImageError(f"{width}x{height} pixels exceeds --max-pixels {args['max_pixels']} (possible "
                              "decompression bomb)")
-        image = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
+        image = photo_rgb(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
         if args["max_side"] and max(image.size) > args["max_side"]:
             image.thumbnail((args["max_side"], args["max_side"]), Image.Resampling.BICUBIC)
         return image

@@ -32,6 +32,8 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
+from volta_ml.engine.failures import UsageError
+
 from .data import CVQAQuestion
 from .prompts import (GENERATIVE_PROMPTS_VERSION, LETTERS, PROMPTS_VERSION, full_texts, generative_prompt,
                       open_answers, question_and_options)
@@ -115,7 +117,7 @@ class GenerativeScorer:
 
     def __init__(self, model, rule: str, layout: str = "paper"):
         if rule not in RULES:
-            raise ValueError(f"--rule {rule!r}: known rules: {', '.join(RULES)}")
+            raise UsageError(f"--rule {rule!r}: known rules: {', '.join(RULES)}")
         self.model, self.rule, self.backend, self.layout = model, rule, "mllm", layout
 
     def header(self) -> dict:
@@ -196,14 +198,14 @@ class ImportedPredictions:
 
     def score(self, questions, photos, condition, blind=False) -> dict:
         if blind:
-            raise ValueError("the import backend has no text-only control; run it with --no-text-only")
+            raise UsageError("the import backend has no text-only control; run it with --no-text-only")
         if condition not in self.predictions:
-            raise ValueError(f"--predictions has no file for condition {condition!r} "
+            raise UsageError(f"--predictions has no file for condition {condition!r} "
                              f"(given: {', '.join(self.predictions)})")
         table = self.predictions[condition]
         missing = [q.id for q in questions if q.id not in table]
         if missing:
-            raise ValueError(f"{self.files[condition]}: no prediction for {len(missing)} question(s), "
+            raise UsageError(f"{self.files[condition]}: no prediction for {len(missing)} question(s), "
                              f"first ID {missing[0]!r}")
         scores = np.zeros((len(questions), NUM_OPTIONS))
         scores[np.arange(len(questions)), [table[q.id] for q in questions]] = 1.0
@@ -219,7 +221,7 @@ def read_predictions(path: str, known_ids: set[str], strict_ids: bool = True) ->
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader, [])]
         if header[:2] != ["ID", "Prediction"]:
-            raise ValueError(f"{path} line 1: expected the header ID,Prediction, got {','.join(header)!r}")
+            raise UsageError(f"{path} line 1: expected the header ID,Prediction, got {','.join(header)!r}")
         for line, row in enumerate(reader, start=2):
             if not row:
                 continue
@@ -227,13 +229,13 @@ def read_predictions(path: str, known_ids: set[str], strict_ids: bool = True) ->
             qid, value = qid.strip(), value.strip()
             if qid not in known_ids:
                 if strict_ids:
-                    raise ValueError(f"{path} line {line}: unknown ID {qid!r} (not a question of this release)")
+                    raise UsageError(f"{path} line {line}: unknown ID {qid!r} (not a question of this release)")
                 continue
             if value not in ("0", "1", "2", "3"):
-                raise ValueError(f"{path} line {line}: Prediction {value!r} for ID {qid!r} is not an option "
+                raise UsageError(f"{path} line {line}: Prediction {value!r} for ID {qid!r} is not an option "
                                  "index 0-3")
             if qid in out:
-                raise ValueError(f"{path} line {line}: ID {qid!r} appears twice")
+                raise UsageError(f"{path} line {line}: ID {qid!r} appears twice")
             out[qid] = int(value)
     return out
 
@@ -245,16 +247,16 @@ def parse_prediction_files(values: Sequence[str], conditions: Sequence[str]) -> 
         condition, sep, path = value.partition("=")
         if not sep:
             if len(conditions) != 1:
-                raise ValueError(f"--predictions {value}: name the condition (CONDITION=PATH) when scoring "
+                raise UsageError(f"--predictions {value}: name the condition (CONDITION=PATH) when scoring "
                                  f"{len(conditions)} conditions")
             condition, path = conditions[0], value
         if condition not in conditions:
-            raise ValueError(f"--predictions {value}: condition {condition!r} is not among --conditions "
+            raise UsageError(f"--predictions {value}: condition {condition!r} is not among --conditions "
                              f"{' '.join(conditions)}")
         files[condition] = path
     missing = [c for c in conditions if c not in files]
     if missing:
-        raise ValueError(f"--predictions: no file for condition(s) {', '.join(missing)}")
+        raise UsageError(f"--predictions: no file for condition(s) {', '.join(missing)}")
     return files
 
 
@@ -276,13 +278,13 @@ def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> 
         return ImportedPredictions(parse_prediction_files(args["predictions"] or [], args["conditions"]),
                                    questions, strict_ids=args["limit"] is None)
     if backend not in BUILDERS:
-        raise ValueError(f"unknown CVQA backend {backend!r}; supported: {', '.join(BACKENDS)}")
+        raise UsageError(f"unknown CVQA backend {backend!r}; supported: {', '.join(BACKENDS)}")
     if not args.get("model"):
-        raise ValueError(f"--backend {backend} needs --model (a local folder or a hub id)")
+        raise UsageError(f"--backend {backend} needs --model (a local folder or a hub id)")
     from volta_ml.hf import load_backend
     from volta_ml.hf.base import ModelSpec
 
-    extra = {"image_model": args["image_model"]} if args.get("image_model") else {}
+    extra = {key: args[key] for key in ("image_model", "text_base") if args.get(key)}
     if backend == "mllm" and args.get("letter_spellings"):
         extra["letter_spellings"] = args["letter_spellings"]
     spec = ModelSpec(model=args["model"], revision=args["model_revision"], dtype=args["dtype"], device=device,

@@ -5,11 +5,16 @@ import json
 import os
 import sys
 
+from volta_ml.engine.failures import UsageError
 from volta_ml.features.detectors.presets import PRESETS
 from volta_ml.hf.base import LETTER_SPELLINGS
 
 from .backends import BACKENDS, RULES
 from .prompts import CONDITIONS, LETTER_LAYOUTS, TEMPLATES
+
+
+DATA_HELP = ("folder of CVQA parquet shards (a local copy of afaji/cvqa), or the hub id afaji/cvqa read from the "
+             "local Hugging Face cache (HF_HUB_CACHE; nothing is downloaded)")
 
 
 def register(subparsers) -> None:
@@ -19,8 +24,9 @@ def register(subparsers) -> None:
     sub = cvqa.add_subparsers(dest="cvqa_command", metavar="STEP")
 
     ex = sub.add_parser("extract", help="region features for the CVQA images, read from the parquet shards")
-    ex.add_argument("--data", required=True, help="folder of CVQA parquet shards (local copy of afaji/cvqa)")
-    ex.add_argument("--revision", default=None, help="HF commit of the data (recorded in the store)")
+    ex.add_argument("--data", required=True, help=DATA_HELP)
+    ex.add_argument("--revision", default=None, help="HF commit of the data (recorded in the store; with a hub id: "
+                    "the cached snapshot to read, default the cached main)")
     ex.add_argument("--preset", required=True, choices=sorted(PRESETS), help="detector preset")
     ex.add_argument("--weights", required=True, help="detector weights (.pkl / .pth / converted .safetensors)")
     ex.add_argument("--out", required=True, help="native feature store to create or resume")
@@ -35,9 +41,9 @@ def register(subparsers) -> None:
     sc = sub.add_parser("score", help="score a model on CVQA and write results, tables, plot, submissions",
                         description="Backends: " + "; ".join(f"{k}: {v}" for k, v in BACKENDS.items()))
     sc.add_argument("--backend", choices=list(BACKENDS), default="zoo", help="how the options are scored")
-    sc.add_argument("--data", required=True, help="folder of CVQA parquet shards")
-    sc.add_argument("--revision", default=None, help="HF commit of the data (recorded in every result file; "
-                    "the model's commit is --model-revision)")
+    sc.add_argument("--data", required=True, help=DATA_HELP)
+    sc.add_argument("--revision", default=None, help="HF commit of the data (recorded in every result file; with "
+                    "a hub id: the cached snapshot to read; the model's commit is --model-revision)")
     zoo = sc.add_argument_group("zoo backend (region features + a VOLTA checkpoint's matching head)")
     zoo.add_argument("--features", help="feature store from `volta-ml cvqa extract`")
     zoo.add_argument("--config", "--config_file", dest="config", help="model config name or JSON")
@@ -53,6 +59,9 @@ def register(subparsers) -> None:
                     help="pinned commit of --model (recorded in every result file)")
     hf.add_argument("--image-model", dest="image_model", default=None,
                     help="mclip: the CLIP image tower (default openai/clip-vit-base-patch32)")
+    hf.add_argument("--text-base", dest="text_base", default=None,
+                    help="mclip: the XLM-R config its text tower is built from (default: modelBase of the M-CLIP "
+                    "config); a hub id in the local HF cache or a local folder")
     hf.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="fp32")
     hf.add_argument("--device-map", dest="device_map", choices=("auto",), default=None,
                     help="accelerate spreads a model larger than one GPU (then --device is ignored)")
@@ -106,21 +115,33 @@ def register(subparsers) -> None:
     cvqa.set_defaults(func=lambda args: cvqa.print_help() or 2)
 
 
-def _clear_errors(command):
-    """Known bad inputs end the command with one `error:` line naming the file or key, not a traceback."""
-    def wrapped(args) -> int:
-        from volta_ml.data.text import TokenizerLoadError
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What a bad input raises on the CVQA paths: the house's input errors (`engine.failures.user_errors`:
+    missing files, `UsageError` for flags, tokenizers, devices, configs, checkpoints, feature stores) and
+    CVQA's and the HF backends' own. A plain KeyError or ValueError is a bug and keeps its traceback."""
+    from volta_ml.engine.failures import user_errors
+    from volta_ml.hf import ChoiceTokenError, ModelLoadError
 
-        from .zoo import MatchingHeadError
-        from .data import CVQAFormatError
+    from .chunks import ResumeMismatch
+    from .collect import ReportInputError
+    from .data import CVQAFormatError
+    from .zoo import MatchingHeadError
+
+    return user_errors() + (CVQAFormatError, MatchingHeadError, ReportInputError, ResumeMismatch, ModelLoadError,
+                            ChoiceTokenError)
+
+
+def _clear_errors(command):
+    """Known bad inputs end the command with one line, `volta-ml cvqa: error: <cause>` naming the file, flag or
+    key, and exit code 2; anything else goes on to `engine.failures.fail` (traceback, exit code 1)."""
+    def wrapped(args) -> int:
+        from volta_ml.engine.failures import EXIT_USAGE, report
 
         try:
             return command(args)
-        except (FileNotFoundError, CVQAFormatError, MatchingHeadError, TokenizerLoadError, KeyError,
-                ValueError) as err:
-            message = err.args[0] if isinstance(err, KeyError) and err.args else err
-            print(f"error: volta-ml cvqa: {message}", file=sys.stderr)
-            return 2
+        except _user_errors() as err:
+            report("volta-ml cvqa", " ".join(line.strip() for line in str(err).splitlines() if line.strip()))
+            return EXIT_USAGE
     wrapped.__name__ = command.__name__
     return wrapped
 
@@ -155,7 +176,7 @@ def _run_zoo(args) -> str:
 
     missing = [f"--{k}" for k in ZOO_REQUIRED if not getattr(args, k)]
     if missing:
-        raise ValueError(f"--backend zoo needs {', '.join(missing)}")
+        raise UsageError(f"--backend zoo needs {', '.join(missing)}")
     keys = ("data", "features", "config", "checkpoint", "bert_model", "do_lower_case", "kind", "task_id",
             "revision", "conditions", "max_seq_length", "max_region_num", "device", "amp", "text_only", "limit",
             "output_dir", "progress", "preset", "detector_weights", "max_side", "max_pixels")
@@ -167,8 +188,8 @@ def _run_backend(args) -> str | None:
     from .backend_run import run_backend
 
     keys = ("data", "backend", "revision", "conditions", "template", "rule", "model", "model_revision",
-            "image_model", "dtype", "device", "device_map", "chunk_size", "text_only", "limit", "output_dir",
-            "progress", "predictions", "max_side", "max_pixels", "allow_missing_keys", "letter_layout",
+            "image_model", "text_base", "dtype", "device", "device_map", "chunk_size", "text_only", "limit",
+            "output_dir", "progress", "predictions", "max_side", "max_pixels", "allow_missing_keys", "letter_layout",
             "letter_spellings")
     return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8})
 
@@ -204,13 +225,13 @@ def run_score_command(args) -> int:
 def run_report_command(args) -> int:
     from .collect import data_revisions, load_runs
     from .paper import MODELS
-    from .tables import write_paper_report
+    from .paper_report import write_paper_report
 
     aliases = {}
     for item in args.paper_rows:
         model, sep, row = item.rpartition("=")
         if not sep or row not in MODELS:
-            raise ValueError(f"--paper-row {item!r}: expected MODEL=ROW with ROW one of {', '.join(MODELS)}")
+            raise UsageError(f"--paper-row {item!r}: expected MODEL=ROW with ROW one of {', '.join(MODELS)}")
         aliases[model] = row
     runs = load_runs(args.dirs, aliases)
     files = write_paper_report(runs, args.out, digits=args.digits, plots=args.plots,

@@ -1,4 +1,5 @@
-"""Reading the CVQA release (Hugging Face parquet shards, image bytes embedded) from a local folder.
+"""Reading the CVQA release (Hugging Face parquet shards, image bytes embedded) from a local folder, or from the
+local Hugging Face cache given the dataset's hub id (`afaji/cvqa`, offline: nothing is downloaded).
 
 The release changed shape over its revisions (see `docs/cvqa.md`): `Options` is a list in recent revisions and a
 stringified list in early ones, `Image Type` / `License` are missing in the pilot, and `Label` is -1 where the
@@ -20,6 +21,7 @@ REQUIRED_COLUMNS = ("ID", "Subset", "Question", "Translated Question", "Options"
                     "Category", "image")
 HIDDEN_LABEL = -1
 _REVISION_DIR = re.compile(r"^[0-9a-f]{7,40}$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")    # owner/name, as afaji/cvqa
 
 
 class CVQAFormatError(ValueError):
@@ -204,19 +206,42 @@ def find_shards(root: Path) -> list[Path]:
         return [root]
     if not root.is_dir():
         raise FileNotFoundError(f"CVQA data not found: {root} (a folder of parquet shards, e.g. a local copy of "
-                                "the Hugging Face dataset afaji/cvqa; nothing is downloaded)")
+                                "the Hugging Face dataset afaji/cvqa, or its hub id when it is in the local Hugging "
+                                "Face cache; nothing is downloaded)")
     shards = sorted(root.rglob("*.parquet"))
     if not shards:
         raise FileNotFoundError(f"{root}: no *.parquet shards below this folder")
     return shards
 
 
+def resolve_data(data: str | Path, revision: str | None = None) -> Path:
+    """`--data` as a path: a folder or parquet file as given; a hub dataset id (`afaji/cvqa`) that is not a path
+    here is the snapshot of `revision` (default: the cached `main`) in the local Hugging Face cache
+    (`HF_HUB_CACHE`), found offline through `huggingface_hub`; not cached is a one-line FileNotFoundError."""
+    path = Path(data).expanduser()
+    if path.exists() or not _HUB_ID.match(str(data)):
+        return path
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(str(data), repo_type="dataset", revision=revision, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError):
+        at = f" --revision {revision}" if revision else ""
+        raise FileNotFoundError(
+            f"CVQA data {data}: no such folder, and no snapshot{' of revision ' + revision if revision else ''} of "
+            f"the hub dataset {data} in the local Hugging Face cache ({constants.HF_HUB_CACHE}); nothing is "
+            f"downloaded: fetch it first (hf download {data} --repo-type dataset{at}) or give the folder of its "
+            "parquet shards") from None
+
+
 def load_cvqa(root: str | Path, revision: str | None = None, limit: int | None = None) -> CVQADataset:
-    """Every question of the shards under `root` (without image pixels). `revision` (the HF commit) is recorded
-    in results; it defaults to the snapshot commit in the path, else "unknown"."""
+    """Every question of the shards under `root` (a folder, a parquet file or a cached hub id, `resolve_data`;
+    without image pixels). `revision` (the HF commit) is recorded in results; it defaults to the snapshot commit
+    in the path, else "unknown"."""
     import pyarrow.parquet as pq
 
-    root = Path(root)
+    root = resolve_data(root, revision)
     shards = find_shards(root)
     questions: list[CVQAQuestion] = []
     image_rows: dict[str, tuple[int, int]] = {}

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from volta_ml.atomic import atomic_open, atomic_write_json
+from volta_ml.engine.failures import UsageError
 from volta_ml.options import complete_options
 
-from .zoo import MatchingScorer, score_condition
+from .zoo import MatchingHeadError, MatchingScorer, score_condition
 from .data import HIDDEN_LABEL, CVQADataset, load_cvqa
 from .prompts import CONDITIONS, PROMPTS_VERSION, parse_condition
 from .report import accuracy_summary, en_loc_gap, plot_pairs, write_predictions, write_submission, write_tables
@@ -64,12 +65,12 @@ def run_cvqa(args_dict: dict) -> str:
     task_cfg = task_ids = None
     if args["kind"] == "tasks":
         if not args["task_id"]:
-            raise KeyError("run_cvqa: kind 'tasks' needs task_id (the VL-logit retrieval head, e.g. TASK8)")
+            raise UsageError("kind 'tasks' needs --task_id (the VL-logit retrieval head, e.g. TASK8)")
         task_cfg, task_ids = {args["task_id"]: {"type": "VL-logit", "num_labels": 1}}, [args["task_id"]]
     model, load_report = load_model(config, args["checkpoint"], task_cfg, task_ids, kind=args["kind"])
     head_prefix = "cls.bi_seq_relationship." if args["kind"] == "pretraining" else f"clfs_dict.{args['task_id']}."
     if any(k.startswith(head_prefix) for k in load_report.missing_keys):
-        raise ValueError(f"{args['checkpoint']}: the matching head ({head_prefix}*) is not in the checkpoint, so "
+        raise MatchingHeadError(f"{args['checkpoint']}: the matching head ({head_prefix}*) is not in the checkpoint, so "
                          "its scores would be random; use a pretrained checkpoint (kind pretraining) or a "
                          "retrieval fine-tuned one with its task id (kind tasks)")
     model.to(device).eval()
@@ -128,7 +129,7 @@ def _extract_missing(args: dict, dataset: CVQADataset, device) -> None:
     from .features import extract_cvqa_features
 
     if not (args["preset"] and args["detector_weights"]):
-        raise KeyError("run_cvqa: extraction needs both preset and detector_weights")
+        raise UsageError("extracting missing features needs both --preset and --detector_weights")
     detector, preset = load_detector(args["preset"], args["detector_weights"], device)
     summary = extract_cvqa_features(dataset, detector, preset, args["features"], device=device,
                                     max_pixels=args["max_pixels"] or DEFAULT_MAX_PIXELS, max_side=args["max_side"],

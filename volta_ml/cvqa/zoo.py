@@ -30,7 +30,7 @@ NUM_OPTIONS = 4
 
 
 class MatchingHeadError(ValueError):
-    pass
+    """A checkpoint without the matching head the run needs (its scores would be random)."""
 
 
 class MatchingScorer:

@@ -56,14 +56,27 @@ class UsageError(ValueError):
     """A flag or file combination that cannot work, found before any work is done (exit code 2)."""
 
 
+# What a rank's collective or store call says when *another* rank died, hung or aborted. Only these make an
+# error "another process failed" (no traceback here: the peer's log has it); any other gloo/NCCL error, a local
+# CUDA or NCCL fault included, is this rank's crash and keeps its traceback.
+PEER_FAILURE_MESSAGES = (
+    "Connection closed by peer",              # gloo: the peer's socket closed (it exited)
+    "Connection reset by peer",               # gloo / TCPStore: ECONNRESET from a dead peer
+    "Connection was likely closed",           # TCPStore: "Failed to recv, got 0 bytes. Connection was likely closed."
+    "Timed out waiting",                      # gloo: "Timed out waiting <n>ms for recv operation to complete"
+    "remote process exited",                  # NCCL ncclRemoteError: "remote process exited or there was a network error"
+    "a remote process exiting prematurely",   # torch's text for ncclRemoteError
+    "Watchdog caught collective operation timeout",   # NCCL watchdog: a peer stopped joining collectives
+    "Some NCCL operations have failed or timed out",  # NCCL watchdog's tear-down message after such a timeout
+    "NCCL communicator was aborted",          # the communicator was aborted (a peer's abort, or the watchdog's)
+)
+
+
 def _is_peer_failure(error: BaseException) -> bool:
-    """A collective that failed because another rank died or hung (gloo/NCCL/store errors)."""
-    dist = sys.modules.get("torch.distributed")  # not imported: no process group either
-    if dist is not None and isinstance(error, getattr(dist, "DistError", ())):
-        return True
+    """A collective or store call that failed because another rank died, hung or aborted (the known gloo, NCCL
+    and TCPStore messages above; a RuntimeError or one of torch.distributed's errors, which derive from it)."""
     text = str(error)
-    return isinstance(error, RuntimeError) and any(
-        marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "gloo/", "NCCL"))
+    return isinstance(error, RuntimeError) and any(marker in text for marker in PEER_FAILURE_MESSAGES)
 
 
 def _first_lines(error: BaseException) -> str:
@@ -153,9 +166,9 @@ def fail(error: BaseException, prog: str) -> int:
     if code == EXIT_CRASH and not _is_peer_failure(error):
         traceback.print_exception(error, file=sys.stderr)
     stop_workers()
-    if "torch.distributed" in sys.modules:  # else no process group can exist (and torch stays unloaded)
-        from volta_ml.engine.distributed import abort
-        abort()
+    distributed = sys.modules.get("volta_ml.engine.distributed")  # the one module that starts process groups:
+    if distributed is not None:                                    # never loaded, no group (torch stays unloaded)
+        distributed.abort()
     report(prog, cause)
     return code
 

@@ -7,8 +7,8 @@ Public API (see docs/architecture.md and docs/features.md):
 """
 from __future__ import annotations
 
-from .detect import detect_format
-from .formats import FORMATS, reader_class
+from .detect import detect_format, open_store
+from .formats import FORMATS
 from .records import (FeatureDimError, FeatureRecord, FeatureStoreError, IncompleteStoreError,
                       MissingImageError)
 from .region_view import RegionSample, RegionView, box_locations
@@ -20,10 +20,3 @@ Record = FeatureRecord
 __all__ = ["open_store", "open_writer", "detect_format", "FORMATS", "RegionView", "RegionSample",
            "FeatureRecord", "Record", "FeatureStoreError", "IncompleteStoreError",
            "FeatureDimError", "MissingImageError", "UnsafePickleError", "box_locations"]
-
-
-def open_store(path, fmt: str | None = None, feature_dim: int | None = None):
-    """Open a feature store read-only; `fmt` overrides detection, `feature_dim` is enforced."""
-    path = str(path)
-    fmt = fmt or detect_format(path)
-    return reader_class(fmt)(path, expected_dim=feature_dim)

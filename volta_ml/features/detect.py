@@ -1,10 +1,10 @@
-"""Which reader a path needs, decided from what is on disk (never from try/except decoding)."""
+"""Which reader a path needs, decided from what is on disk (never from try/except decoding), and `open_store`."""
 from __future__ import annotations
 
 import os
 
 from .base import shared_readonly_env
-from .formats import lmdb_markers
+from .formats import lmdb_markers, reader_class
 from .records import FeatureStoreError, IncompleteStoreError
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -60,3 +60,10 @@ def detect_format(path: str) -> str:
 def _first_line(path: str, limit: int = 1 << 16) -> bytes:
     with open(path, "rb") as f:
         return f.readline(limit)
+
+
+def open_store(path, fmt: str | None = None, feature_dim: int | None = None):
+    """Open a feature store read-only; `fmt` overrides detection, `feature_dim` is enforced."""
+    path = str(path)
+    fmt = fmt or detect_format(path)
+    return reader_class(fmt)(path, expected_dim=feature_dim)

@@ -109,7 +109,7 @@ class RegionView:
         if max_region_num < 1:
             raise ValueError(f"max_region_num must be >= 1, got {max_region_num}")
         if isinstance(store, (str, bytes)) or hasattr(store, "__fspath__"):
-            from . import open_store
+            from .detect import open_store
             store = open_store(store)
         self.store = store
         self.num_locs = num_locs

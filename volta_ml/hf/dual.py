@@ -97,7 +97,8 @@ class MClipBackend(_Embedder):
     transformerDimensions, numDims; weights `transformer.*` + `LinearTransformation.*`) into transformers'
     `XLMRobertaModel` + `nn.Linear` (the package itself builds its tower from the hub at init and overrides a
     loading hook transformers 5 no longer has). The XLM-R architecture comes from the config of `modelBase`
-    (override: `spec.extra["text_base"]`). Images: the CLIP vision tower + projection of
+    (override: `spec.extra["text_base"]`, a hub id in the local HF cache or a local folder; only its config.json
+    is read, the weights are M-CLIP's own). Images: the CLIP vision tower + projection of
     `spec.extra["image_model"]` (a CLIPModel; default `openai/clip-vit-base-patch32`, the
     tower of M-CLIP/XLM-Roberta-Large-Vit-B-32; `spec.extra["image_revision"]` pins it)."""
 
@@ -121,8 +122,11 @@ class MClipBackend(_Embedder):
         base = spec.extra.get("text_base", cfg.get("modelBase", "xlm-roberta-large"))
         try:
             xcfg = AutoConfig.from_pretrained(base)
-        except (OSError, ValueError) as e:
-            raise ModelLoadError(f"{spec.model}: cannot read the XLM-R config of modelBase {base!r} ({e})") from None
+        except (OSError, ValueError) as e:   # transformers' message runs over several lines: keep its first
+            raise ModelLoadError(
+                f"{spec.model}: cannot read the config of its XLM-R text base {base!r}: M-CLIP builds the text "
+                "tower from it, so it must be in the local Hugging Face cache or be given as a local folder "
+                f"(--text-base / text_base) ({one_line(e)})") from None
         state = _load_state(spec)
         text, linear = XLMRobertaModel(xcfg), torch.nn.Linear(int(cfg["transformerDimensions"]), int(cfg["numDims"]))
         report = {"missing_keys": [], "unexpected_keys": [k for k in state

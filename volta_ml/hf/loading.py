@@ -33,6 +33,17 @@ def blank_image() -> Image.Image:
     return Image.new("RGB", (BLANK_SIZE, BLANK_SIZE), (128, 128, 128))
 
 
+def photo_rgb(image: Image.Image) -> Image.Image:
+    """The RGB photo every HF backend sees: transparency (RGBA, LA, PA, a palette or grey image with a
+    transparent colour) composited on white, as the transformers image processors' `convert_to_rgb` does;
+    other modes converted as Pillow does. A plain `.convert("RGB")` would drop the alpha channel instead,
+    showing the colours hidden under transparent pixels (scores moved by up to 6 points on an RGBA photo)."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
+
+
 def is_local(model: str) -> bool:
     return Path(model).expanduser().exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
 

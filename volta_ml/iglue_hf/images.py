@@ -67,8 +67,11 @@ class ImageSource:
                 f"(template {self.template!r}); first missing: {shown}")
 
     def load(self, ref: ImageRef) -> Image.Image:
+        """The photo in RGB, transparency composited on white (`hf.loading.photo_rgb`, as HF processors do)."""
+        from volta_ml.hf.loading import photo_rgb   # here: the command line imports this module without torch
+
         with Image.open(self.path(ref)) as image:
-            return image.convert("RGB")
+            return photo_rgb(image)
 
 
 def side_by_side(left: Image.Image, right: Image.Image, gap: int = 0) -> Image.Image:

@@ -38,7 +38,7 @@ DEFAULTS = {"rule": None, "annotations": None, "data_root": None, "image_templat
             "chunk_size": 64, "max_new_tokens": 10, "marvl_layout": "auto", "name": None, "revision": None,
             "dtype": "fp32", "device": "cpu", "device_map": None, "work_dir": None, "no_resume": False,
             "keep_chunks": False, "record": True, "progress": True, "vocabulary": None, "local_rank": -1,
-            "extra": None, "allow_missing_keys": False}
+            "extra": None, "allow_missing_keys": False, "text_base": None}
 REQUIRED = ("task", "backend", "model", "lang", "protocol", "images", "output_dir")
 
 
@@ -69,6 +69,8 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
     """Evaluate and write the result files; returns the results on rank 0 (None elsewhere). `backend` skips
     loading (tests, benchmarks); otherwise `volta_ml.hf.load_backend(backend kind, ModelSpec(model, ...))`."""
     opts = complete_options("run_iglue_hf", options, DEFAULTS, REQUIRED)
+    if opts["text_base"]:           # --text_base: M-CLIP's extra["text_base"]
+        opts["extra"] = {**(opts["extra"] or {}), "text_base": opts["text_base"]}
     task, lang, protocol = opts["task"], opts["lang"], opts["protocol"]
     if task not in TASKS:
         raise KeyError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
@@ -156,8 +158,8 @@ def _model_name(model: str) -> str:
 
 def _gqa_vocabulary(data_root: str | None) -> list[str]:
     if not data_root:
-        raise KeyError("--rule closed needs the GQA answer vocabulary: give --data_root (gqa/annotations/"
-                       "trainval_label2ans.json)")
+        raise KeyError("--rule closed needs the GQA answer vocabulary: give --data_root holding "
+                       "gqa/annotations/trainval_ans2label.json and trainval_label2ans.json (or the .pkl twins)")
     from volta_ml.tasks.gqa import load_vocabulary
 
     return load_vocabulary(str(Path(data_root) / "gqa" / "annotations"))[1]

@@ -16,11 +16,11 @@ from volta_ml.atomic import atomic_open, atomic_write_json
 from volta_ml.engine.chunks import map_chunks
 from volta_ml.engine.retrieval import save_array
 from volta_ml.hf.base import DualEncoder, Generative
+from volta_ml.protocols.hf_kinds import NEEDS
 from volta_ml.protocols.iglue import TASKS
 from volta_ml.tasks.retrieval_metrics import top_images
 
 from .images import side_by_side
-from .kinds import NEEDS
 from .prompts import OPTIONS, user_turn
 from .scoring import accuracy, get_rule
 

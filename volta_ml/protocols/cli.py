@@ -63,7 +63,8 @@ def register(subparsers) -> None:
 
 def _plan(args, write: bool):
     from .cell import CELL_FILE, write_json_atomic
-    from .grid import GridError, load_grid
+    from .errors import GridError
+    from .grid import load_grid
     from .runners import plan_cells
 
     try:  # a grid the planner cannot turn into cells is a usage error too (exit 2, one line)
@@ -101,9 +102,13 @@ def cmd_sweep(args) -> int:
         print(f"{done}/{len(cells)} cells finished; output under {grid.output_dir}")
         return 0
     if args.slurm:
+        from .errors import GridError
         from .slurm import write_slurm
         out = Path(args.slurm_dir).resolve() if args.slurm_dir else grid.output_dir / "slurm"
-        submit = write_slurm(grid.name, cells, out, grid.slurm, grid.env, grid.step())
+        try:  # the grid's slurm block is checked here
+            submit = write_slurm(grid.name, cells, out, grid.slurm, grid.env, grid.step())
+        except GridError as error:
+            raise UsageError(f"{grid.path}: {error}") from None
         print(f"wrote {len(list(out.glob('*.sbatch')))} job arrays ({len(cells)} cells) to {out}")
         print(f"submit with:\n  bash {submit}")
         return 0

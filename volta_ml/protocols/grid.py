@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from .cvqa import CVQASection, load_section
+from .errors import GridError
 from .hf_cells import load_hf, task_map
 from .iglue import FEW_SHOT_EPOCHS, FEW_SHOT_LRS, TASKS
 
@@ -23,10 +24,6 @@ TOP_KEYS = {"name", "data_root", "output_dir", "task_configs", "checkpoint_root"
             "images", "image_templates"}   # images*: Hugging Face models (hf_cells.py)
 MODEL_KEYS = {"config", "bert_model", "do_lower_case", "is_m3p", "features", "finetuned", "pretrained", "hf"}
 EXTRA_FLAG_KINDS = set(COMMAND_KINDS) | {"finetune", "few_shot_train", "translate_train"}
-
-
-class GridError(ValueError):
-    """A problem in the grid file; the message names the file and the key."""
 
 
 @dataclass
@@ -206,8 +203,8 @@ def load_grid(path: str | Path) -> Grid:
         pass_data_root=bool(raw.get("pass_data_root", True)),
         slurm=raw.get("slurm") or {}, python=python,
         cvqa=load_section(raw["cvqa"], base, where("cvqa"), _str_list, GridError) if "cvqa" in raw else None,
-        images={t: str(_resolve(base, v)) for t, v in task_map(raw.get("images"), where("images"), GridError).items()},
-        image_templates=task_map(raw.get("image_templates"), where("image_templates"), GridError),
+        images={t: str(_resolve(base, v)) for t, v in task_map(raw.get("images"), where("images")).items()},
+        image_templates=task_map(raw.get("image_templates"), where("image_templates")),
     )
 
 
@@ -218,7 +215,7 @@ def _model(name: str, spec, base: Path, tasks: list[str], where: str) -> ModelSp
     if unknown:
         raise GridError(f"{where}: unknown key(s) {sorted(unknown)}; valid keys: {sorted(MODEL_KEYS)}")
     if "hf" in spec:
-        return ModelSpec(name=name, config="", hf=load_hf(spec, where, _str_list, GridError))
+        return ModelSpec(name=name, config="", hf=load_hf(spec, where, _str_list))
     if "config" not in spec:
         raise GridError(f"{where}: missing 'config' (the model config JSON)")
     finetuned = spec.get("finetuned") or {}

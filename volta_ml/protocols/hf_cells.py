@@ -15,42 +15,41 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .errors import GridError
+from .hf_kinds import tasks_for_backend
 from .iglue import TASKS
 
 HF_KEYS = {"backend", "model", "revision", "dtype", "device", "device_map", "rules", "batch_size", "flags", "extra"}
 HF_PROTOCOLS = ("zero_shot", "translate_test")
 
 
-def load_hf(spec: dict, where: str, str_list, error) -> dict:
-    """The checked `hf:` block of a grid model (`error` is the grid's error class)."""
+def load_hf(spec: dict, where: str, str_list) -> dict:
+    """The checked `hf:` block of a grid model."""
     hf = spec["hf"]
     if not isinstance(hf, dict) or not {"backend", "model"} <= set(hf):
-        raise error(f"{where}.hf: expected a mapping with at least 'backend' (clip, mclip, mllm) and 'model'")
+        raise GridError(f"{where}.hf: expected a mapping with at least 'backend' (clip, mclip, mllm) and 'model'")
     unknown = set(hf) - HF_KEYS
     if unknown:
-        raise error(f"{where}.hf: unknown key(s) {sorted(unknown)}; valid keys: {sorted(HF_KEYS)}")
+        raise GridError(f"{where}.hf: unknown key(s) {sorted(unknown)}; valid keys: {sorted(HF_KEYS)}")
     if set(spec) - {"hf"}:
-        raise error(f"{where}: a Hugging Face model takes only 'hf', not {sorted(set(spec) - {'hf'})}")
+        raise GridError(f"{where}: a Hugging Face model takes only 'hf', not {sorted(set(spec) - {'hf'})}")
     rules = hf.get("rules") or {}
     if not isinstance(rules, dict) or any(t not in TASKS for t in rules):
-        raise error(f"{where}.hf.rules: expected a mapping task -> rule")
+        raise GridError(f"{where}.hf.rules: expected a mapping task -> rule")
     return dict(hf, rules=rules, flags=str_list(hf.get("flags") or [], f"{where}.hf.flags"))
 
 
-def task_map(raw, where: str, error) -> dict[str, str]:
+def task_map(raw, where: str) -> dict[str, str]:
     """`images:` / `image_templates:`: task -> string."""
     if raw is None:
         return {}
     if not isinstance(raw, dict) or any(t not in TASKS for t in raw):
-        raise error(f"{where}: expected a mapping task -> path (tasks: {sorted(TASKS)})")
+        raise GridError(f"{where}: expected a mapping task -> path (tasks: {sorted(TASKS)})")
     return {t: str(v) for t, v in raw.items()}
 
 
 def hf_tasks(model, grid) -> list[str]:
     """The grid tasks this HF model can do; refuses the training protocols."""
-    from volta_ml.iglue_hf.kinds import tasks_for_backend
-
-    from .grid import GridError  # grid.py imports this module
     other = [p for p in grid.protocols if p not in HF_PROTOCOLS]
     if other:
         raise GridError(f"{grid.path}: models.{model.name}: Hugging Face models run zero_shot and translate_test "
@@ -64,7 +63,6 @@ def has_english(task: str) -> bool:
 
 
 def hf_argv(grid, model, task: str, lang: str, mt: bool, cell_dir: Path) -> list[str]:
-    from .grid import GridError  # grid.py imports this module
     hf = model.hf
     if task not in grid.images:
         raise GridError(f"{grid.path}: images.{task}: the image root is needed for Hugging Face models")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .cell import Cell, Command
 from .cvqa import cvqa_cells
+from .errors import GridError
 from .grid import Grid, ModelSpec
 from .hf_cells import has_english, hf_argv, hf_tasks
 from .iglue import ADAM_FLAGS, TASKS, TaskSpec, finetune_grad_acc, model_extra_flags
@@ -167,7 +168,7 @@ class Planner:
     def few_shot_cells(self, model: ModelSpec, task: str) -> None:
         spec = self.spec(task)
         if not spec.few_shot_train_file:
-            raise SystemExit(f"{self.grid.path}: task '{task}' has no few-shot protocol in IGLUE")
+            raise GridError(f"{self.grid.path}: task '{task}' has no few-shot protocol in IGLUE")
         for seed in self.grid.seeds:
             start, deps, _ = self.english_checkpoint(model, task, seed)
             for lang in self.grid.few_shot_languages[task]:
@@ -219,9 +220,9 @@ class Planner:
     def translate_train_cells(self, model: ModelSpec, task: str) -> None:
         spec = self.spec(task)
         if not spec.translate_train_file:
-            raise SystemExit(f"{self.grid.path}: task '{task}' has no translate-train data in IGLUE")
+            raise GridError(f"{self.grid.path}: task '{task}' has no translate-train data in IGLUE")
         if not model.pretrained:
-            raise SystemExit(f"{self.grid.path}: models.{model.name}: translate-train starts from the pretrained "
+            raise GridError(f"{self.grid.path}: models.{model.name}: translate-train starts from the pretrained "
                              f"checkpoint; set 'pretrained'")
         langs = [l for l in self.grid.languages[task] if l in spec.translate_train_languages] or \
             list(spec.translate_train_languages)

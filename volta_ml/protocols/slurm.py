@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 from .cell import Cell
+from .errors import GridError
 from .runners import STAGES, cells_by_stage
 
 DEFAULT_RESOURCES = {"gres": "gpu:1", "cpus_per_task": 8, "mem": "32G", "time": "04:00:00"}
@@ -51,7 +52,7 @@ def array_script(name: str, stage: str, cells: list[Cell], slurm: dict, env: dic
     res = resources(slurm, stage)
     unknown = set(res) - set(RESOURCE_FLAGS)
     if unknown:
-        raise SystemExit(f"slurm.stages.{stage}: unknown resource(s) {sorted(unknown)}; "
+        raise GridError(f"slurm.stages.{stage}: unknown resource(s) {sorted(unknown)}; "
                          f"known: {sorted(RESOURCE_FLAGS)}")
     limit = f"%{slurm['max_parallel']}" if slurm.get("max_parallel") else ""
     first = min(len(cells), max_array_size(slurm))
@@ -96,7 +97,7 @@ def write_slurm(name: str, cells: list[Cell], out_dir: Path, slurm: dict, env: d
     """Write `<out_dir>/<stage>.sbatch` per stage and `<out_dir>/submit.sh`; returns submit.sh."""
     unknown = set(slurm) - SLURM_KEYS
     if unknown:
-        raise SystemExit(f"slurm: unknown key(s) {sorted(unknown)}; known: {sorted(SLURM_KEYS)}")
+        raise GridError(f"slurm: unknown key(s) {sorted(unknown)}; known: {sorted(SLURM_KEYS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = out_dir / "logs"
     log_dir.mkdir(exist_ok=True)

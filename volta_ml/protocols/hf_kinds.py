@@ -1,4 +1,5 @@
-"""Which backend kind each IGLUE task needs (no heavy imports: the sweep planner reads it too)."""
+"""Which Hugging Face backend kind each IGLUE task needs: the sweep planner plans HF cells with it and
+`volta_ml/iglue_hf/tasks.py` checks a loaded backend against it (no heavy imports)."""
 from __future__ import annotations
 
 NEEDS = {"xflickrco": "dual encoder", "wit": "dual encoder", "xvnli": "generative", "xgqa": "generative",
