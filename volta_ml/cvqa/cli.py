@@ -119,10 +119,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """What a bad input raises on the CVQA paths: the house's input errors (`engine.failures.user_errors`:
     missing files, `UsageError` for flags, tokenizers, devices, configs, checkpoints, feature stores) and
     CVQA's and the HF backends' own. A plain KeyError or ValueError is a bug and keeps its traceback."""
+    from volta_ml.engine.chunks import ResumeMismatch
     from volta_ml.engine.failures import user_errors
     from volta_ml.hf import ChoiceTokenError, ModelLoadError
 
-    from .chunks import ResumeMismatch
     from .collect import ReportInputError
     from .data import CVQAFormatError
     from .zoo import MatchingHeadError
