@@ -5,6 +5,7 @@ import pytest
 from helpers_cvqa import tiny_tokenizer, write_release
 
 from volta_ml.cvqa.data import load_cvqa
+from volta_ml.engine.failures import UsageError
 from volta_ml.cvqa.prompts import (CONDITIONS, PROMPTS_VERSION, encode_option_texts, full_texts,
                                          option_texts)
 
@@ -78,6 +79,9 @@ def test_truncation_shortens_the_question_and_keeps_the_option(questions, tmp_pa
     # An option longer than the budget is itself cut (flagged), never silently.
     tiny = encode_option_texts(tok, pieces, 5)
     assert tiny.option_cut.all() and (tiny.lengths == 5).all()
+    # No room at all is the user's flag, a one-line usage error (not a bug's traceback).
+    with pytest.raises(UsageError, match="--max_seq_length 2 leaves no room"):
+        encode_option_texts(tok, pieces, 2)
 
 
 def test_unknown_tokens_are_counted(questions, tmp_path):

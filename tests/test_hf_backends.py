@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers_hf import TINY, build, images, spec_extra
-from volta_ml.hf import BACKENDS, ChoiceTokenError, DualEncoder, Generative, ModelLoadError, ModelSpec, load_backend
+from volta_ml.hf import BACKENDS, BackendInputError, ChoiceTokenError, DualEncoder, Generative, ModelLoadError, ModelSpec, load_backend
 
 GENERATIVE = [n for n, (kind, _) in TINY.items() if kind == "mllm"]
 DUAL = [n for n, (kind, _) in TINY.items() if kind != "mllm"]
@@ -207,9 +207,9 @@ def test_multi_image_prompts_and_max_images(root):
     for i in range(2):
         ref = ref_next_logits(b, two[i], PROMPTS[i])
         assert torch.allclose(got[i], want_letters(b, ref, PROMPTS[0]), atol=TOL)
-    with pytest.raises(ValueError, match="at most 2"):
+    with pytest.raises(BackendInputError, match="at most 2"):  # a user error: one line on the command line
         b.choice_logits([images(3)], PROMPTS[:1], LETTERS)
-    with pytest.raises(ValueError, match="at most 1"):
+    with pytest.raises(BackendInputError, match="at most 1"):
         backend("blip2-opt", root).choice_logits([images(2)], PROMPTS[:1], LETTERS)
 
 

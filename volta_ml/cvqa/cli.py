@@ -121,14 +121,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     CVQA's and the HF backends' own. A plain KeyError or ValueError is a bug and keeps its traceback."""
     from volta_ml.engine.chunks import ResumeMismatch
     from volta_ml.engine.failures import user_errors
-    from volta_ml.hf import ChoiceTokenError, ModelLoadError
+    from volta_ml.hf import BackendInputError, ChoiceTokenError, ModelLoadError
 
     from .collect import ReportInputError
     from .data import CVQAFormatError
     from .zoo import MatchingHeadError
 
     return user_errors() + (CVQAFormatError, MatchingHeadError, ReportInputError, ResumeMismatch, ModelLoadError,
-                            ChoiceTokenError)
+                            ChoiceTokenError, BackendInputError)
 
 
 def _clear_errors(command):

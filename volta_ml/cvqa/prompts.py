@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from volta_ml.engine.failures import UsageError
+
 from .data import CVQAQuestion
 
 PROMPTS_VERSION = "cvqa-prompts-v1"
@@ -136,7 +138,7 @@ def encode_option_texts(tokenizer, pieces: list[tuple[str, str]], max_len: int) 
     prefix, suffix = special_tokens_around(tokenizer)
     budget = max_len - len(prefix) - len(suffix)
     if budget < 1:
-        raise ValueError(f"max_seq_length {max_len} leaves no room for text")
+        raise UsageError(f"--max_seq_length {max_len} leaves no room for text")
     heads = tokenizer([h for h, _ in pieces], add_special_tokens=False)["input_ids"]
     tails = tokenizer([t for _, t in pieces], add_special_tokens=False)["input_ids"]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from .base import ChoiceTokenError, DualEncoder, Generative, ModelSpec
+from .base import BackendInputError, ChoiceTokenError, DualEncoder, Generative, ModelSpec
 from .loading import ModelLoadError
 
 
@@ -43,5 +43,5 @@ def load_backend(kind: str, spec: ModelSpec) -> DualEncoder | Generative:
     return loader(spec)
 
 
-__all__ = ["BACKENDS", "ChoiceTokenError", "DualEncoder", "Generative", "ModelLoadError", "ModelSpec",
+__all__ = ["BACKENDS", "BackendInputError", "ChoiceTokenError", "DualEncoder", "Generative", "ModelLoadError", "ModelSpec",
            "UnknownBackendError", "load_backend"]

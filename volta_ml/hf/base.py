@@ -91,3 +91,7 @@ LETTER_SPELLINGS = ("natural", "all")   # Generative letter rule: the answer tok
 
 class ChoiceTokenError(ValueError):
     """A choice (e.g. the letter "C") is not a single token of this model's tokenizer."""
+
+
+class BackendInputError(ValueError):
+    """An input the model cannot take (more images in one prompt than it accepts): a user error, one line."""

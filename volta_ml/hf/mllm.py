@@ -65,7 +65,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .base import LETTER_SPELLINGS, ChoiceTokenError, ModelSpec
+from .base import LETTER_SPELLINGS, BackendInputError, ChoiceTokenError, ModelSpec
 from .loading import ModelLoadError, blank_image, float_dtype, input_device, load_model, load_processor
 
 QUERY_PREPENDED = ("Blip2ForConditionalGeneration", "InstructBlipForConditionalGeneration")  # BLIP family
@@ -228,7 +228,7 @@ class GenerativeBackend:
     def _images(self, images: Sequence[Image.Image | None]) -> list[Image.Image]:
         imgs = [im for im in images if im is not None]
         if len(imgs) > self.max_images:
-            raise ValueError(f"{self.spec.model}: {len(imgs)} images in one prompt, the model takes at most "
+            raise BackendInputError(f"{self.spec.model}: {len(imgs)} images in one prompt, the model takes at most "
                              f"{self.max_images} (spec.extra['max_images'] for multi-image models)")
         if self.family.needs_image and not imgs:
             imgs = [blank_image()]
