@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -61,26 +60,28 @@ def _write_volta_package(root: Path) -> Path:
 
 
 def _save_volta_resume_file(tmp: Path, state_dict_path: Path, out: Path, legacy: bool, epoch_id=0, score=0.61,
-                            extra: str = "") -> Path:
-    """A resume file written the way VOLTA's train_task.py writes it, by a separate process that has VOLTA's
-    classes (this process never imports them)."""
-    pkg = _write_volta_package(tmp / "volta_src")
-    script = textwrap.dedent(f"""
-        import numpy as np, torch
-        from volta.train_utils import tbLogger
+                            evil: bool = False) -> Path:
+    """A resume file written the way VOLTA's train_task.py writes it, with VOLTA's classes imported from a folder
+    for the save only: they leave sys.modules and sys.path before anything is read back."""
+    pkg = str(_write_volta_package(tmp / "volta_src"))
+    sys.path.insert(0, pkg)
+    try:
+        from volta.evil import Evil
         from volta.task_utils import MultiTaskStopOnPlateau
-        weights = torch.load({str(state_dict_path)!r}, weights_only=True)
-        logger = tbLogger("logs", "save", ["Toy"], ["TASK0"], {{"TASK0": 12}})
-        state = {{"model_state_dict": {{"module." + k: v for k, v in weights.items()}},
-                 "optimizer_state_dict": {{"state": {{}}, "param_groups": []}},
-                 "scheduler_state_dict": {{"last_epoch": 40}}, "global_step": 40, "epoch_id": {epoch_id},
-                 "tb_logger": logger, "task_stop_controller": {{"TASK0": MultiTaskStopOnPlateau()}},
-                 "score": np.float64({score})}}
-        {extra}
-        torch.save(state, {str(out)!r}, _use_new_zipfile_serialization={not legacy})
-    """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pkg), str(REPO)]))
-    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+        from volta.train_utils import tbLogger
+        weights = torch.load(state_dict_path, weights_only=True)
+        state = {"model_state_dict": {"module." + k: v for k, v in weights.items()},
+                 "optimizer_state_dict": {"state": {}, "param_groups": []},
+                 "scheduler_state_dict": {"last_epoch": 40}, "global_step": 40, "epoch_id": epoch_id,
+                 "tb_logger": tbLogger("logs", "save", ["Toy"], ["TASK0"], {"TASK0": 12}),
+                 "task_stop_controller": {"TASK0": MultiTaskStopOnPlateau()}, "score": np.float64(score)}
+        if evil:
+            state["other"] = Evil()
+        torch.save(state, out, _use_new_zipfile_serialization=not legacy)
+    finally:
+        sys.path.remove(pkg)
+        for name in [m for m in sys.modules if m == "volta" or m.startswith("volta.")]:
+            del sys.modules[name]
     return out
 
 
@@ -150,8 +151,7 @@ def test_torch_class_outside_the_weights_only_list_is_refused_by_name(tmp_path, 
 
 def test_a_volta_named_class_outside_the_known_ones_is_refused(tmp_path, marker):
     torch.save(nn.Linear(2, 2).state_dict(), tmp_path / "w.bin")
-    extra = "from volta.evil import Evil; state['other'] = Evil()"
-    path = _save_volta_resume_file(tmp_path, tmp_path / "w.bin", tmp_path / "latest.tar", legacy=False, extra=extra)
+    path = _save_volta_resume_file(tmp_path, tmp_path / "w.bin", tmp_path / "latest.tar", legacy=False, evil=True)
     with pytest.raises(UsageError, match=r"volta\.evil\.Evil"):
         ckpt.load_latest(path)
 
