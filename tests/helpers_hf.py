@@ -76,15 +76,17 @@ def _bpe(specials: list[str], bos: str | None, eos: str | None, vocab: int = 300
     return tok
 
 
-def _unigram(specials: list[str], eos: str | None, bos: str | None = None, vocab: int = 200) -> Tokenizer:
-    """SentencePiece-like Unigram with Metaspace (T5 / SigLIP / XLM-R style)."""
+def _unigram(specials: list[str], eos: str | None, bos: str | None = None, vocab: int = 200,
+             extra: tuple[str, ...] = ()) -> Tokenizer:
+    """SentencePiece-like Unigram with Metaspace (T5 / SigLIP / XLM-R / Gemma / Llama-2 style), trained on CORPUS
+    (x3) plus `extra`."""
     tok = Tokenizer(models.Unigram())
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
     trainer = trainers.UnigramTrainer(vocab_size=vocab, special_tokens=specials, unk_token="<unk>",
                                       show_progress=False)
-    tok.train_from_iterator(CORPUS * 3, trainer)
+    tok.train_from_iterator(CORPUS * 3 + list(extra), trainer)
     single = ([bos] if bos else []) + ["$A"] + ([eos] if eos else [])
     if len(single) > 1:
         tok.post_processor = processors.TemplateProcessing(

@@ -16,7 +16,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tests.helpers_hf import CORPUS
+from helpers_hf import CORPUS, _unigram
 
 HIDDEN = 64
 TEXT = dict(hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -37,16 +37,7 @@ def _bytelevel(specials: list[str], bos: str | None = None, vocab: int = 400) ->
 
 def _sentencepiece(specials: list[str], bos: str | None = None, vocab: int = 300) -> Tokenizer:
     """Unigram + Metaspace (Gemma / Llama-2 style; "▁A" is the letter after a space)."""
-    tok = Tokenizer(models.Unigram())
-    tok.normalizer = normalizers.NFKC()
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=vocab, special_tokens=specials, unk_token="<unk>",
-                                      show_progress=False)
-    tok.train_from_iterator(CORPUS * 3 + ["A B C D"] * 5, trainer)
-    if bos:
-        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
-    return tok
+    return _unigram(specials, eos=None, bos=bos, vocab=vocab, extra=("A B C D",) * 5)
 
 
 def _fast(tok: Tokenizer, **kw) -> PreTrainedTokenizerFast:
