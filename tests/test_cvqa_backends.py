@@ -137,6 +137,15 @@ def test_generate_rule_parses_answers_and_reports_the_parse_failure_rate(release
     results = json.loads((out / "cvqa_results.json").read_text())
     assert results["rule"] == "generate" and "parse_failed" not in results["variants"]
     assert results["parse_failure_rate"]["en-aware"] == round(100.0 / len(questions), 3)
+    # accuracy the obvious way: the parsed option against the label, an unparsed answer is wrong (never "A")
+    parsed = {0: 1, 1: 2, 2: None}
+    labelled = [q for q in questions if q.label >= 0]
+    right = sum(parsed.get(k, 3) == q.label for k, q in enumerate(questions) if q.label >= 0)
+    assert results["runs"]["en-aware"]["micro"] == pytest.approx(100.0 * right / len(labelled), abs=1e-6)
+    rows = list(csv.DictReader(open(out / "predictions_en-aware.csv", encoding="utf-8")))
+    assert rows[2]["Prediction"] == "-1"
+    submitted = list(csv.DictReader(open(out / "submission_en-aware.csv", encoding="utf-8")))
+    assert submitted[2]["Prediction"] == "0"    # EvalAI needs an option for every question
 
 
 def test_batch_size_and_chunking_do_not_change_scores(release, tmp_path, fakes):

@@ -228,7 +228,7 @@ def _write_results(args, dataset, scorer, header, scores, failures, timing, out_
     files = []
     for condition in args["conditions"]:
         arrays = scores[condition]
-        predictions = predict(arrays["score"])
+        predictions = _predictions(arrays)
         blind = scores.get(pass_name(condition, True))
         per_question = {k: v for k, v in arrays.items() if k != "score"}     # the rule's variants
         for key, values in (blind or {}).items():                            # the text-only control
@@ -236,7 +236,8 @@ def _write_results(args, dataset, scorer, header, scores, failures, timing, out_
         write_predictions(out_dir / f"predictions_{condition}.csv", questions, predictions,
                           arrays["score"] if scorer.needs_images else None, condition, dataset.revision,
                           per_question)
-        write_submission(out_dir / f"submission_{condition}.csv", questions, predictions)
+        # EvalAI needs an option for every question: an unparsed answer is submitted as option 0
+        write_submission(out_dir / f"submission_{condition}.csv", questions, np.maximum(predictions, 0))
         files += [f"predictions_{condition}.csv", f"submission_{condition}.csv"]
         results["runs"][condition] = accuracy_summary(questions, predictions)
         if "parse_failed" in arrays:                            # the generate rule: unparsed answers, in %
@@ -246,7 +247,7 @@ def _write_results(args, dataset, scorer, header, scores, failures, timing, out_
             results["variants"].setdefault(variant, {})[condition] = accuracy_summary(questions,
                                                                                       predict(arrays[variant]))
         if blind is not None:
-            results["text_only"][condition] = accuracy_summary(questions, predict(blind["score"]))
+            results["text_only"][condition] = accuracy_summary(questions, _predictions(blind))
     results["en_loc_gap"] = en_loc_gap(results["runs"])
     results["files"] = [p.name for p in write_tables(results, out_dir)]
     if not dataset.hidden_labels:
@@ -255,3 +256,12 @@ def _write_results(args, dataset, scorer, header, scores, failures, timing, out_
     path = out_dir / "cvqa_results.json"
     atomic_write_json(path, results, indent=2, ensure_ascii=False)
     return str(path)
+
+
+def _predictions(arrays: dict) -> np.ndarray:
+    """The predicted option per question. With the generate rule an unparsed answer predicts nothing (-1): it is
+    counted wrong, as generation-based harnesses count it (not option A by the all-zero scores' tie rule)."""
+    predictions = predict(arrays["score"])
+    if "parse_failed" in arrays:
+        predictions = np.where(arrays["parse_failed"][:, 0] > 0, -1, predictions)
+    return predictions
