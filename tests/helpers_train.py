@@ -1,5 +1,6 @@
 """Shared helpers of the tests/test_train_*.py files: run the toy task through the real engine."""
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,10 @@ def run_toy_inprocess(out: Path, *flags) -> int:
     from volta_ml.cli.train_task import run
     from volta_ml.testing.toy_train import build_toy_job
     return run(toy_args(out, *flags), build_toy_job)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, for a torchrun rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -8,14 +8,13 @@ as by the OOM killer, a NaN loss, a full disk while saving; with 0, 2 and 10 Dat
 """
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 
 import pytest
 
 from helpers_drills import assert_failed_cleanly, drill, full_disk_argv
-from helpers_train import run_dir, toy_argv, toy_env
+from helpers_train import free_port as _free_port, run_dir, toy_argv, toy_env
 from volta_ml.engine import checkpointing as ckpt
 
 EPOCH = 8          # training forwards per epoch: 64 toy examples, batch 8
@@ -70,11 +69,6 @@ def test_full_disk_while_saving_keeps_the_last_checkpoint(tmp_path, workers):
     assert "pytorch_model_" in result.last_line and "is unchanged" in result.last_line
     _check_last_good(tmp_path / "kept", resume_epoch=1)
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 DDP_FAULT = ["--num_workers", "2", "--toy_fail", "forward", "--toy_fail_at", str(EPOCH + 3), "--toy_fail_rank", "1"]

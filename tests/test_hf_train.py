@@ -15,7 +15,6 @@ import math
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 
 from helpers_hf import build
 from helpers_hf_train import REPO, make_flickr_root, train_env
+from helpers_train import free_port as _free_port
 from volta_ml.iglue_hf.contrastive import DualEncoderForTraining, infonce_loss, sigmoid_loss
 
 ENTRY = str(REPO / "tests" / "helpers_hf_train.py")
@@ -197,11 +197,6 @@ def test_siglip_trains_in_process(tmp_path, models, flickr, name, amp):
     assert len(losses) == 2 and losses[1] < losses[0], losses
     assert (tmp_path / "save" / f"RetrievalFlickr30k_{name}" / "hf_best" / "model.safetensors").is_file()
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize("model", ["clip", "siglip"])

@@ -1,22 +1,17 @@
 """Distributed data parallel on CPU (gloo): 2 processes == 1 process with the same global batch."""
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from helpers_train import assert_same_weights, load_weights, run_dir, run_toy, toy_argv, toy_env
+from helpers_train import (assert_same_weights, free_port as _free_port, load_weights, run_dir, run_toy, toy_argv,
+                           toy_env)
 from volta_ml.engine.distributed import detect_launch, first_slurm_host
 
 FLAGS = ["--toy_dropout", "0.0", "--batch_size", "16", "--gradient_accumulation_steps", "2", "--num_epoch", "2",
          "--toy_val_examples", "37"]
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _validation_lines(out):
