@@ -25,3 +25,37 @@ def shared_path(*parts: str) -> Path:
 def env_folders(var: str, sub: str) -> list[Path]:
     """Fixture folders named in an os.pathsep-separated environment variable, else `<shared>/<sub>` if it exists."""
     return reference.fixture_folders(var, sub)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models and matrices run fastest single-threaded, and keep a shared CI machine responsive; a module
+    opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# --- the tests a run without ../shared did not run in full ---------------------------------------------------------
+# With VOLTA_ML_NEEDS_SHARED_LOG set (.ci/run's fresh-clone pass), every test that skipped, and every test marked
+# `reads_shared` (it reads ../shared when present and falls back to generated data otherwise), is appended to that
+# file as its `path::function` (parameters dropped: the parameter sets of a fixture folder differ once it is
+# there). CI's second pass runs exactly those with ../shared; a test that passes without the reference material
+# never reads it, so running it again would only repeat the first pass.
+NEEDS_SHARED_LOG = "VOLTA_ML_NEEDS_SHARED_LOG"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "reads_shared: reads ../shared when present, generated data otherwise "
+                                       "(CI runs it both ways)")
+
+
+def pytest_runtest_logreport(report):
+    log = os.environ.get(NEEDS_SHARED_LOG)
+    if not log or report.when not in ("setup", "call"):
+        return
+    if report.skipped or (report.when == "setup" and "reads_shared" in report.keywords):
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(report.nodeid.split("[", 1)[0] + "\n")

@@ -1,7 +1,6 @@
 """Tiny caption sets and galleries for the retrieval tests."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from volta_ml.models import build_model
@@ -41,10 +40,3 @@ def tiny_model(config, kind: str = "tasks", seed: int = 0):
                        kind=kind).eval()
 
 
-@pytest.fixture(autouse=False)
-def one_thread():
-    """Tiny models are fastest single-threaded, and the shared CI machine is often oversubscribed."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from tests.helpers_hf import TINY, build, images, spec_extra
 from volta_ml.hf import BACKENDS, BackendInputError, ChoiceTokenError, DualEncoder, Generative, ModelLoadError, ModelSpec, load_backend
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 GENERATIVE = [n for n, (kind, _) in TINY.items() if kind == "mllm"]
 DUAL = [n for n, (kind, _) in TINY.items() if kind != "mllm"]
 LETTERS = ["A", "B", "C", "D"]
@@ -30,15 +32,6 @@ TOL = 1e-4
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("hf")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one thread is fastest and keeps a shared CI machine responsive."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 _loaded: dict = {}

@@ -26,17 +26,10 @@ CONTS = [[" a red car", " bird", " a green tree near the river", " dog"], [" ric
          [" true", " false", " neutral", " a small shop"]]
 SIZES = [(40, 30), (64, 48), (30, 70)]
 TOL = 1e-4
-NO_TEMPLATE = ("paligemma",)
+NO_TEMPLATE = ("paligemma",)   # PaliGemma has no chat template: "<image>" + prompt, the processor adds the rest
 # PaliGemma's processor builds its (unused) labels with np.array(..., copy=False) on a list: numpy 2 warns
-pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy:DeprecationWarning")          # PaliGemma has no chat template: "<image>" + prompt, the processor adds the rest
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy:DeprecationWarning")]
 
 
 @pytest.fixture(scope="session")

@@ -71,6 +71,7 @@ def results(runs: Path) -> dict[str, dict]:
     return {str(p.parent.relative_to(runs)): json.loads(p.read_text()) for p in runs.rglob("result.json")}
 
 
+@pytest.mark.reads_shared
 def test_local_sweep_runs_all_cells_selects_lr_and_skips_finished(tmp_path):
     iglue = annotations(tmp_path)
     grid = write_grid(tmp_path, iglue)
@@ -103,6 +104,7 @@ def test_local_sweep_runs_all_cells_selects_lr_and_skips_finished(tmp_path):
     assert "13/13 cells finished" in listing
 
 
+@pytest.mark.reads_shared
 def test_failed_cell_is_reported_and_blocks_its_dependants(tmp_path):
     grid = write_grid(tmp_path, annotations(tmp_path), protocols=["few_shot"],
                       shots={"xvnli": ["1"]}, learning_rates=["1e-4"])
@@ -117,6 +119,7 @@ def test_failed_cell_is_reported_and_blocks_its_dependants(tmp_path):
     assert len(results(tmp_path / "runs")) == 2
 
 
+@pytest.mark.reads_shared
 def test_interrupted_sweep_resumes(tmp_path):
     grid = write_grid(tmp_path, annotations(tmp_path), protocols=["zero_shot", "translate_test"])
     env = {**os.environ, "PYTHONPATH": str(REPO), "FAKE_SLEEP": "0.4"}

@@ -2,7 +2,6 @@
 import pytest
 import torch
 
-from helpers_retrieval import one_thread
 from helpers_tiny import tiny_batch, tiny_config
 from volta_ml.models import ConfigError, VLBertModel, build_model
 from volta_ml.models.modeling import fuse

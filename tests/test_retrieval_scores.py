@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers_retrieval import one_thread, tiny_captions, tiny_gallery, tiny_model
+from helpers_retrieval import tiny_captions, tiny_gallery, tiny_model
 from helpers_tiny import tiny_config
 from volta_ml.engine.retrieval import compute_score_matrix
 from volta_ml.engine.retrieval_scorer import volta_scheme_scores
