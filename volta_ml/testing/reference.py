@@ -1,7 +1,7 @@
 """Where the reference material is: one setting for every test and benchmark that reads `../shared`.
 
 `VOLTA_ML_SHARED` names the folder; unset, it is `shared/` beside the checkout (where CI puts it). A user's
-fresh clone has none, and CI runs the suite a second time with `VOLTA_ML_SHARED` pointing at an empty folder:
+fresh clone has none, and CI runs the suite first with `VOLTA_ML_SHARED` pointing at an empty folder:
 every reader goes through these functions and skips (or reports "skipped") with the path it looked at.
 The fixture folders keep their own variables (`VOLTA_ML_GOLDEN`, `VOLTA_ML_GOLDEN_EXTRACT`: os.pathsep-separated
 lists) and default to their folder under the shared root. Read at call time, never at import time.
