@@ -109,7 +109,8 @@ def _saved(model, image_size, tokens, batch, amp) -> int:
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16"):
         text, image, scale, bias = model(text_inputs, image_inputs)
         with torch.autocast("cpu", enabled=False):
-            loss = infonce_loss(text, image, text, image, scale) if bias is None else sigmoid_loss(text, image, scale, bias)
+            loss = (infonce_loss(text, image, text, image, scale) if bias is None
+                    else sigmoid_loss(text, image, scale, bias))
     loss.backward()
     model.zero_grad(set_to_none=True)
     return sum(seen.values())

@@ -147,7 +147,8 @@ def test_mclip_trained_image_tower_is_copied_into_the_export(tmp_path, models):
     from volta_ml.hf import ModelSpec, load_backend
     from volta_ml.iglue_hf.mclip_train import load_mclip
     model = load_mclip(ModelSpec(str(models["mclip"]), extra=spec_extra("mclip", models["mclip"])), None, True)
-    trainable = {n.split(".")[1] for n, p in model.module.named_parameters() if p.requires_grad and n.startswith("vision.")}
+    trainable = {n.split(".")[1] for n, p in model.module.named_parameters()
+                 if p.requires_grad and n.startswith("vision.")}
     assert trainable == {"vision_model", "visual_projection"}
     with torch.no_grad():
         model.module.vision.visual_projection.weight.mul_(-1.0)     # as if trained: differs from the reference
@@ -235,7 +236,8 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(models, name):
         text, image, scale, _ = model.module(batch["text_inputs"], batch["image_inputs"])
         loss = infonce_loss(text, image, text, image, scale)
         loss.backward()
-        return loss.item(), {n: p.grad.clone() for n, p in model.module.named_parameters() if p.grad is not None}, len(calls)
+        grads = {n: p.grad.clone() for n, p in model.module.named_parameters() if p.grad is not None}
+        return loss.item(), grads, len(calls)
 
     model.module.train()
     plain_loss, plain, plain_calls = loss_and_grads()

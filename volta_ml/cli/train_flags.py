@@ -84,10 +84,12 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                                            "(default per task, as volta-ml iglue-hf)")
     hf.add_argument("--hf_val_gallery", type=int, default=100,
                     help="validation score: text->image R@1 within galleries of this many images")
-    hf.add_argument("--hf_lang", default="en", help="language of the training file (a few-shot file "
-                                                     "xFlickrCO/annotations/<lang>/train_<shot>.jsonl): {lang} of the template")
+    hf.add_argument("--hf_lang", default="en",
+                    help="language of the training file (a few-shot file xFlickrCO/annotations/<lang>/"
+                         "train_<shot>.jsonl): {lang} of the image template")
     hf.add_argument("--hf_extra", type=json_object, default=None, metavar="JSON",
-                    help='backend options, as volta-ml iglue-hf --extra: M-CLIP \'{"image_model": ..., "text_base": ...}\'')
+                    help="backend options, as volta-ml iglue-hf --extra: M-CLIP's "
+                         '\'{"image_model": ..., "text_base": ...}\'')
     hf.add_argument("--hf_temperature", type=float, default=None,
                     help="M-CLIP: fixed InfoNCE temperature (default 0.01: CLIP's final logit scale 100)")
     hf.add_argument("--hf_train_image_tower", action="store_true",

@@ -1,6 +1,7 @@
 """Contrastive fine-tuning of a Hugging Face dual encoder (CLIP, SigLIP, SigLIP-2, M-CLIP) on IGLUE's retrieval
-training data (English, or a few-shot file), as a `TrainJob` of the engine (`volta_ml.engine.train.train`: optimiser groups, schedule, bf16,
-gradient accumulation, DDP, checkpoints, resume, failure handling, log lines are all the engine's).
+training data (English, or a few-shot file), as a `TrainJob` of the engine (`volta_ml.engine.train.train`:
+optimiser groups, schedule, bf16, gradient accumulation, DDP, checkpoints, resume, failure handling, log lines
+are all the engine's).
 
 `volta-ml train --hf_model <folder or hub id[@revision]> --task 8|20 --images <image root> ...` builds it
 (`volta_ml/cli/train_task.py`); docs/hf_models.md, "Fine-tuning a dual encoder".
@@ -23,7 +24,8 @@ gradient accumulation, DDP, checkpoints, resume, failure handling, log lines are
   the validation file (each image with its first caption), so the number depends neither on the batch size
   nor on the number of processes. The training log's score is the in-batch text->image recall@1.
 - Output: the engine's run directory (`<output_dir>/<task name>_<model name>[-<save_name>]`), plus `hf_best/`,
-  the best model and its processor written by `save_pretrained` (safetensors) each time a new best is saved,
+  the best model and its processor written each time a new best is saved (`save_pretrained`, safetensors;
+  M-CLIP: its published layout, `mclip_train`),
   which `volta-ml iglue-hf --backend clip|mclip --model <run dir>/hf_best` evaluates and `--hf_model` starts from.
 """
 from __future__ import annotations
