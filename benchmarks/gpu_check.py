@@ -81,10 +81,12 @@ def _checks():
         "cvqa_zoo": (zoo.check_cvqa_zoo, 30, "CVQA questions/s, model-zoo matching scorer"),
         "cvqa_hf": (hf.check_cvqa_hf, 130, "CVQA questions/s per HF backend family, real size, random weights"),
         "ddp": (zoo.check_ddp, 120, "retrieval and training scaling over 2 GPUs (skipped with one)"),
+        "hf_train": (hf.check_hf_train, 40, "HF dual-encoder fine-tuning step (CLIP ViT-B/32, batch 64, bf16): "
+                                            "samples/s, peak memory, with and without gradient checkpointing"),
     }
 
 
-CHECK_NAMES = ("device", "parity", "train_step", "retrieval", "extraction", "cvqa_zoo", "cvqa_hf", "ddp")
+CHECK_NAMES = ("device", "parity", "train_step", "retrieval", "extraction", "cvqa_zoo", "cvqa_hf", "hf_train", "ddp")
 
 
 def run_inline(name: str, args, budget: float, rows_file: Path) -> tuple[str, str]:

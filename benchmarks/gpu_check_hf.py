@@ -258,3 +258,60 @@ def check_cvqa_hf(ctx) -> None:
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+# --- dual-encoder fine-tuning step (volta-ml train --hf_model, iglue_hf/train.py) --------------------------------
+# name: (builder, per-GPU batch, gradient checkpointing)
+TRAIN_ROWS = {
+    "clip-vit-b32 contrastive step": (clip_b32, 64, False),
+    "clip-vit-b32 contrastive step, gradient checkpointing": (clip_b32, 64, True),
+}
+
+
+def check_hf_train(ctx) -> None:
+    """One full-size fine-tuning step of a dual encoder as `volta-ml train --hf_model` runs it: fp32 weights,
+    bf16 autocast, the InfoNCE loss of `DualEncoderForTraining`, torch's AdamW; samples/s and peak memory
+    (what docs/hf_models.md's memory table estimates). Full size on a GPU only; --quick runs it tiny anywhere."""
+    from volta_ml.iglue_hf.contrastive import DualEncoderForTraining, enable_gradient_checkpointing, infonce_loss
+    device = torch.device(ctx.device)
+    for name, (builder, batch, checkpointing) in TRAIN_ROWS.items():
+        if not ctx.quick and device.type != "cuda":
+            ctx.row(item=name, status="skipped", reason="full size runs on a GPU only (--quick: tiny on any device)")
+            continue
+        if ctx.skip_if_late(name, 2 if ctx.quick else 20):
+            continue
+        batch = 2 if ctx.quick else batch
+        model_cls, config = builder(ctx.quick)
+        model = DualEncoderForTraining(materialise(model_cls, config, device, torch.float32), "infonce").train()
+        if checkpointing:
+            enable_gradient_checkpointing(model)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+        inputs = _inputs(model.hf, config, "dual", batch, device)
+        text_inputs = {"input_ids": inputs["input_ids"][:batch], "attention_mask": inputs["attention_mask"][:batch]}
+        image_inputs = {"pixel_values": inputs["pixel_values"].float()}
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+
+        def step():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                text, image, scale, _ = model(text_inputs, image_inputs)
+            loss = infonce_loss(text, image, text, image, scale)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return loss
+
+        loss = step()   # warm-up: AdamW's states are allocated here
+        _sync(device)
+        reps = 1 if ctx.quick else 5
+        start = time.perf_counter()
+        for _ in range(reps):
+            loss = step()
+        _sync(device)
+        seconds = (time.perf_counter() - start) / reps
+        ctx.row(item=name, batch=batch, samples_per_s=batch / seconds, step_s=seconds,
+                params_m=sum(p.numel() for p in model.parameters()) / 1e6, finite=bool(torch.isfinite(loss)),
+                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None)
+        del model, optimizer, inputs, text_inputs, image_inputs, loss
+        if device.type == "cuda":
+            torch.cuda.empty_cache()

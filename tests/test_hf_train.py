@@ -268,7 +268,7 @@ def test_exported_model_reloads_in_iglue_hf_and_scores_differently(tmp_path, mod
     ("generative", "is not a dual encoder"),
     ("unknown_family", "is not a dual encoder"),
     ("backend", "unknown"),
-    ("mclip", "M-CLIP fine-tuning is not implemented yet"),
+    ("mclip", "--hf_backend mclip: "),
     ("no_config", "has no config.json"),
     ("xvnli", "is not a retrieval task"),
     ("no_images", "give --images"),

@@ -29,6 +29,18 @@ def int_at_least(minimum: int):
     return parse
 
 
+def json_object(text: str) -> dict:
+    """argparse `type`: a JSON object (`--extra`, `--hf_extra`)."""
+    import json
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
 class VoltaArgumentParser(argparse.ArgumentParser):
     """argparse with VOLTA-friendly errors. Also usable as a `volta-ml` subcommand parser: set
     `sub.__class__ = VoltaArgumentParser` after `add_parser` (argparse offers no other hook)."""

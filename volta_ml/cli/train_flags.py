@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from volta_ml.cli.flags import (
-    VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags, int_at_least,
+    VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags, int_at_least, json_object,
 )
 
 
@@ -76,14 +76,27 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     # --- a Hugging Face dual encoder instead of a VOLTA model (volta_ml/iglue_hf/train.py) ----------------
     hf = parser.add_argument_group("Hugging Face dual encoders (docs/hf_models.md)")
-    hf.add_argument("--hf_model", default="", help="fine-tune this CLIP / SigLIP / SigLIP-2 folder or hub "
+    hf.add_argument("--hf_model", default="", help="fine-tune this CLIP / SigLIP / SigLIP-2 / M-CLIP folder or hub "
                                                    "id[@revision] instead of --config_file/--from_pretrained")
-    hf.add_argument("--hf_backend", default=None, help="clip (default, detected from config.json)")
+    hf.add_argument("--hf_backend", default=None, help="clip or mclip (default: detected from config.json)")
     hf.add_argument("--images", default="", help="image root of the training and validation images")
     hf.add_argument("--image_template", default=None, help="image path under --images with {id} {file} "
                                                            "(default per task, as volta-ml iglue-hf)")
     hf.add_argument("--hf_val_gallery", type=int, default=100,
                     help="validation score: text->image R@1 within galleries of this many images")
+    hf.add_argument("--hf_lang", default="en",
+                    help="language of the training file (a few-shot file xFlickrCO/annotations/<lang>/"
+                         "train_<shot>.jsonl): {lang} of the image template")
+    hf.add_argument("--hf_extra", type=json_object, default=None, metavar="JSON",
+                    help="backend options, as volta-ml iglue-hf --extra: M-CLIP's "
+                         '\'{"image_model": ..., "text_base": ...}\'')
+    hf.add_argument("--hf_temperature", type=float, default=None,
+                    help="M-CLIP: fixed InfoNCE temperature (default 0.01: CLIP's final logit scale 100)")
+    hf.add_argument("--hf_train_image_tower", action="store_true",
+                    help="M-CLIP: train the CLIP image tower too (frozen by default; hf_best/ then holds a copy)")
+    hf.add_argument("--gradient_checkpointing", action="store_true",
+                    help="recompute each layer's activations in the backward pass (transformers' "
+                         "gradient_checkpointing_enable): less memory, about a third more time")
     return parser
 
 

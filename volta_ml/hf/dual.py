@@ -6,6 +6,7 @@ of `spec.extra["batch_size"]` (default 64); a `None` image is the blind control'
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -13,8 +14,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .base import ModelSpec
-from .loading import (ModelLoadError, blank_image, check_weights, float_dtype, input_device, load_model,
-                      load_processor, one_line, read_config, source, torch_dtype)
+from .loading import (ModelLoadError, blank_image, check_weights, float_dtype, input_device, is_local,
+                      load_model, load_processor, one_line, read_config, source, torch_dtype)
 
 
 def _features(out) -> torch.Tensor:
@@ -100,7 +101,10 @@ class MClipBackend(_Embedder):
     (override: `spec.extra["text_base"]`, a hub id in the local HF cache or a local folder; only its config.json
     is read, the weights are M-CLIP's own). Images: the CLIP vision tower + projection of
     `spec.extra["image_model"]` (a CLIPModel; default `openai/clip-vit-base-patch32`, the
-    tower of M-CLIP/XLM-Roberta-Large-Vit-B-32; `spec.extra["image_revision"]` pins it)."""
+    tower of M-CLIP/XLM-Roberta-Large-Vit-B-32; `spec.extra["image_revision"]` pins it).
+    config.json may carry `text_base`, `image_model` and `image_revision` as defaults of those extra keys; a
+    relative folder there is read beside config.json (how `volta-ml train` exports a fine-tuned M-CLIP:
+    iglue_hf/mclip_train.py)."""
 
     def __init__(self, spec: ModelSpec, parts: dict | None = None):
         """Loads `spec`; or wraps already built `parts` (text, linear, tokenizer, vision, image_processor)."""
@@ -119,7 +123,8 @@ class MClipBackend(_Embedder):
         cfg = read_config(spec)
         if cfg.get("model_type") != "M-CLIP":
             raise ModelLoadError(f"{spec.model}: config.json model_type is {cfg.get('model_type')!r}, not 'M-CLIP'")
-        base = spec.extra.get("text_base", cfg.get("modelBase", "xlm-roberta-large"))
+        base = (spec.extra.get("text_base") or _beside(spec, cfg.get("text_base"))
+                or cfg.get("modelBase", "xlm-roberta-large"))
         try:
             xcfg = AutoConfig.from_pretrained(base)
         except (OSError, ValueError) as e:   # transformers' message runs over several lines: keep its first
@@ -138,8 +143,7 @@ class MClipBackend(_Embedder):
             report["unexpected_keys"] += [prefix + k for k in unexpected]
         text.volta_loading_report = check_weights(spec, report, "M-CLIP's text tower")
         dt = torch_dtype(spec)
-        image_spec = ModelSpec(spec.extra.get("image_model", "openai/clip-vit-base-patch32"),
-                               spec.extra.get("image_revision"), spec.dtype, spec.device, spec.device_map,
+        image_spec = ModelSpec(*image_tower(spec, cfg), spec.dtype, spec.device, spec.device_map,
                                allow_missing_keys=spec.allow_missing_keys)
         return {"text": text.to(spec.device, dt).eval(), "linear": linear.to(spec.device, dt).eval(),
                 "tokenizer": load_processor(AutoTokenizer, spec),
@@ -157,7 +161,30 @@ class MClipBackend(_Embedder):
         def encode(chunk):
             enc = self.tokenizer(list(chunk), padding=True, truncation=True, max_length=self.max_length,
                                  return_tensors="pt").to(self.linear.weight.device)
-            hidden = self.text(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
-            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            return self.linear((hidden * mask).sum(1) / mask.sum(1))
+            return mclip_text_features(self.text, self.linear, enc["input_ids"], enc["attention_mask"])
         return self._embed(texts, encode)
+
+
+def mclip_text_features(text, linear, input_ids, attention_mask) -> torch.Tensor:
+    """ M-CLIP's text embedding (not normalised): XLM-R's last hidden states mean-pooled over the attention mask,
+    then the linear map into the image space."""
+    hidden = text(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return linear((hidden * mask).sum(1) / mask.sum(1))
+
+
+def image_tower(spec: ModelSpec, cfg: dict) -> tuple[str, str | None]:
+    """(model, revision) of M-CLIP's CLIP image tower: `spec.extra`, else config.json, else OpenAI's ViT-B/32."""
+    if spec.extra.get("image_model"):
+        return spec.extra["image_model"], spec.extra.get("image_revision")
+    if cfg.get("image_model"):
+        return _beside(spec, cfg["image_model"]), cfg.get("image_revision")
+    return "openai/clip-vit-base-patch32", spec.extra.get("image_revision")
+
+
+def _beside(spec: ModelSpec, name: str | None) -> str | None:
+    """A folder a config.json value names: beside config.json when the model is a local folder holding it."""
+    if not name or Path(name).is_absolute() or not is_local(spec.model):
+        return name
+    folder = Path(spec.model).expanduser() / name
+    return str(folder) if folder.is_dir() else name

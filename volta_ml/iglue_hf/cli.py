@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from volta_ml.cli.flags import json_object
+
 from .images import DEFAULT_TEMPLATES
 from .run import PROTOCOLS
 
@@ -17,7 +19,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--device_map", default=None, help="'auto': accelerate spreads a large model")
-    parser.add_argument("--extra", type=_json_object, default=None, metavar="JSON",
+    parser.add_argument("--extra", type=json_object, default=None, metavar="JSON",
                         help='backend options (ModelSpec.extra), e.g. \'{"max_images": 2}\' for a multi-image '
                              'LLaVA-like model or \'{"image_model": "..."}\' for M-CLIP')
     parser.add_argument("--text_base", default=None,
@@ -52,17 +54,6 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no_progress", dest="progress", action="store_false")
     parser.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=-1,
                         help=argparse.SUPPRESS)
-
-
-def _json_object(text: str) -> dict:
-    import json
-    try:
-        value = json.loads(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
-    return value
 
 
 def run_command(args) -> int:

@@ -13,8 +13,17 @@ mean over ranks (what DDP's gradient average computes) is the loss of one proces
   columns and averaged over the rows (SigLIP's normalisation by the batch size).
 
 `transformers` computes the same two numbers with `return_loss=True` on one process (tests/test_hf_train.py).
+
+`TrainableDualEncoder` is what the training job needs of a family (the module, its text and image
+preprocessing, how its fine-tuned weights are exported); `DualEncoderForTraining` is the CLIP-family module,
+`iglue_hf.mclip_train.MClipForTraining` M-CLIP's. `enable_gradient_checkpointing` switches on transformers'
+activation checkpointing in the trained towers of either.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -69,3 +78,39 @@ class DualEncoderForTraining(nn.Module):
         if self.loss == "infonce":
             return text, image, scale.clamp(max=MAX_LOGIT_SCALE).squeeze(), None
         return text, image, scale.squeeze(), self.hf.logit_bias.float().squeeze()
+
+
+@dataclass
+class TrainableDualEncoder:
+    """A dual encoder ready for the training job (`iglue_hf.train`)."""
+    module: nn.Module                 # forward(text_inputs, image_inputs) -> (text, image, scale, bias or None)
+    loss: str                         # "infonce" or "sigmoid"
+    tokenizer: Callable
+    image_processor: Callable
+    max_length: int                   # caption tokens
+    padding: bool | str               # True, or "max_length" (SigLIP was trained on padded texts)
+    config: dict                      # recorded in command.txt
+    family: str                       # for the log: "clip", "siglip", "M-CLIP", ...
+    save: Callable[[Path], None]      # writes what `volta-ml iglue-hf --model <folder>` loads
+
+
+def enable_gradient_checkpointing(module: nn.Module) -> list[str]:
+    """transformers' activation checkpointing (`activation_checkpointing_enable`, called
+    `gradient_checkpointing_enable` before transformers 5.x deprecated that name) with non-reentrant
+    torch.utils.checkpoint, which restores the RNG state, so dropout draws the same masks when a layer is
+    recomputed, on each `transformers` model among the children of `module` that has trainable parameters;
+    returns their class names. Each layer's activations are recomputed in the backward pass instead of being
+    kept: less memory, about one more forward pass of time."""
+    from transformers import PreTrainedModel
+    done = []
+    for child in module.children():
+        if isinstance(child, PreTrainedModel) and any(p.requires_grad for p in child.parameters()):
+            if not child.supports_gradient_checkpointing:
+                raise ValueError(f"{type(child).__name__} does not support gradient checkpointing")
+            kwargs = {"use_reentrant": False}
+            if hasattr(child, "activation_checkpointing_enable"):
+                child.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                child.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            done.append(type(child).__name__)
+    return done

@@ -1,6 +1,7 @@
-"""Contrastive fine-tuning of a Hugging Face dual encoder (CLIP, SigLIP, SigLIP-2) on IGLUE's English retrieval
-training data, as a `TrainJob` of the engine (`volta_ml.engine.train.train`: optimiser groups, schedule, bf16,
-gradient accumulation, DDP, checkpoints, resume, failure handling, log lines are all the engine's).
+"""Contrastive fine-tuning of a Hugging Face dual encoder (CLIP, SigLIP, SigLIP-2, M-CLIP) on IGLUE's retrieval
+training data (English, or a few-shot file), as a `TrainJob` of the engine (`volta_ml.engine.train.train`:
+optimiser groups, schedule, bf16, gradient accumulation, DDP, checkpoints, resume, failure handling, log lines
+are all the engine's).
 
 `volta-ml train --hf_model <folder or hub id[@revision]> --task 8|20 --images <image root> ...` builds it
 (`volta_ml/cli/train_task.py`); docs/hf_models.md, "Fine-tuning a dual encoder".
@@ -8,19 +9,24 @@ gradient accumulation, DDP, checkpoints, resume, failure handling, log lines are
 - Data: the task config entry of `--task` (8: RetrievalFlickr30k, the train/valid files xFlickr&CO's English
   side comes from; 20: RetrievalWIT) gives the annotation files under `--data_root`, the batch size, LR and
   epochs, exactly as for the zoo (flags win). Rows are read by `iglue_hf.data.read_retrieval` and the images
-  from `--images` with the task's path template (`iglue_hf.images`).
+  from `--images` with the task's path template (`iglue_hf.images`). `--hf_lang` is the language of the training
+  file (IGLUE's few-shot files `xFlickrCO/annotations/<lang>/train_<shot>.jsonl`: `{lang}` in the template);
+  the validation file is English (IGLUE's few-shot dev set is Flickr30k's `valid_ann.jsonl`).
 - Training examples: one per image per epoch, with one of its captions drawn from (seed, epoch, image), so a
   batch never holds the same image twice (no false negatives from Flickr30k's 5 captions per image) and a
   resumed run draws the same captions.
-- Loss: `contrastive.infonce_loss` (CLIP) or `contrastive.sigmoid_loss` (SigLIP), over the rows of this
+- Model: `load_trainable` (CLIP family here, M-CLIP in `iglue_hf.mclip_train`); `--gradient_checkpointing`
+  recomputes the trained towers' activations in the backward pass (`contrastive.enable_gradient_checkpointing`).
+- Loss: `contrastive.infonce_loss` (CLIP, M-CLIP) or `contrastive.sigmoid_loss` (SigLIP), over the rows of this
   process against the columns of the whole global batch, gathered with gradients
   (`engine.distributed.gather_with_grad`): N processes with batch b train like one process with batch N*b.
 - Validation score: text->image recall@1 (a fraction) within fixed galleries of `--hf_val_gallery` images of
   the validation file (each image with its first caption), so the number depends neither on the batch size
   nor on the number of processes. The training log's score is the in-batch text->image recall@1.
 - Output: the engine's run directory (`<output_dir>/<task name>_<model name>[-<save_name>]`), plus `hf_best/`,
-  the best model and its processor written by `save_pretrained` (safetensors) each time a new best is saved,
-  which `volta-ml iglue-hf --backend clip --model <run dir>/hf_best` evaluates.
+  the best model and its processor written each time a new best is saved (`save_pretrained`, safetensors;
+  M-CLIP: its published layout, `mclip_train`),
+  which `volta-ml iglue-hf --backend clip|mclip --model <run dir>/hf_best` evaluates and `--hf_model` starts from.
 """
 from __future__ import annotations
 
@@ -39,7 +45,8 @@ from volta_ml.engine.failures import UsageError
 from volta_ml.engine.task_job import resolve_hyperparameters
 from volta_ml.engine.train import TrainJob
 
-from .contrastive import LOSSES, DualEncoderForTraining, pair_loss
+from .contrastive import (LOSSES, DualEncoderForTraining, TrainableDualEncoder, enable_gradient_checkpointing,
+                          pair_loss)
 from .data import RetrievalData, read_retrieval
 from .images import DEFAULT_TEMPLATES, ImageSource
 
@@ -58,7 +65,7 @@ def model_spec(args):
     model, revision = args.hf_model, None
     if "@" in model and not Path(model).expanduser().exists():
         model, revision = model.rsplit("@", 1)
-    return ModelSpec(model=model, revision=revision, device="cpu")
+    return ModelSpec(model=model, revision=revision, device="cpu", extra=dict(args.hf_extra or {}))
 
 
 def dual_encoder_loss(spec, backend: str | None) -> str:
@@ -73,9 +80,10 @@ def dual_encoder_loss(spec, backend: str | None) -> str:
         model_type = read_config(spec).get("model_type")
     except ModelLoadError as error:
         raise UsageError(str(error)) from None
-    if backend == "mclip" or model_type == "M-CLIP":
-        raise UsageError(f"{spec.model}: M-CLIP fine-tuning is not implemented yet (its text tower was "
-                         "distilled, not trained contrastively); CLIP, SigLIP and SigLIP-2 are")
+    if backend in ("clip", "mclip") and (backend == "mclip") != (model_type == "M-CLIP"):
+        raise UsageError(f"--hf_backend {backend}: {spec.model} has model_type {model_type!r}")
+    if model_type == "M-CLIP":
+        return "infonce"
     if model_type not in LOSSES:
         raise UsageError(f"{spec.model}: model_type {model_type!r} is not a dual encoder volta-ml can fine-tune "
                          f"(known: {', '.join(LOSSES)}); generative models are not trainable yet")
@@ -198,15 +206,47 @@ def _gallery_loss_and_score(loss, text, image, scale, bias, gallery):
     return total / len(text), correct, len(text), None
 
 
+# --- the model ---------------------------------------------------------------------------------------------------
+def load_trainable(spec, loss: str, args) -> TrainableDualEncoder:
+    """The model of `spec` wrapped for training; one-line `UsageError`s for what cannot be loaded or asked of it."""
+    from transformers import AutoModel, AutoProcessor
+
+    from volta_ml.hf.loading import ModelLoadError, load_model, load_processor, read_config
+    mclip = read_config(spec).get("model_type") == "M-CLIP"
+    if not mclip and (args.hf_temperature is not None or args.hf_train_image_tower):
+        flag = "--hf_temperature" if args.hf_temperature is not None else "--hf_train_image_tower"
+        raise UsageError(f"{flag}: M-CLIP only (CLIP and SigLIP train their own logit scale and both towers)")
+    if args.hf_temperature is not None and not args.hf_temperature > 0:
+        raise UsageError(f"--hf_temperature {args.hf_temperature}: must be > 0")
+    try:
+        if mclip:
+            from .mclip_train import load_mclip
+            return load_mclip(spec, args.hf_temperature, args.hf_train_image_tower)
+        hf_model = load_model(AutoModel, spec, "a CLIP-family dual encoder")
+        processor = load_processor(AutoProcessor, spec)
+    except ModelLoadError as error:
+        raise UsageError(str(error)) from None
+
+    def save(folder: Path) -> None:
+        hf_model.save_pretrained(folder)
+        processor.save_pretrained(folder)
+
+    text_config = getattr(hf_model.config, "text_config", hf_model.config)
+    return TrainableDualEncoder(
+        module=DualEncoderForTraining(hf_model, loss), loss=loss, tokenizer=processor.tokenizer,
+        image_processor=processor.image_processor, max_length=int(text_config.max_position_embeddings),
+        padding="max_length" if loss == "sigmoid" else True, config=hf_model.config.to_dict(),
+        family=hf_model.config.model_type, save=save)
+
+
 # --- export ------------------------------------------------------------------------------------------------------
-def export_pretrained(model: DualEncoderForTraining, processor, run_dir: Path) -> None:
+def export_pretrained(save, run_dir: Path) -> None:
     """`<run dir>/hf_best`: save_pretrained into a temporary folder, then swapped in, so a kill during the
     write leaves the previous best folder whole (at worst under `.hf_best.old`, which the next export removes)."""
     final, tmp, old = run_dir / EXPORT_DIR, run_dir / f".{EXPORT_DIR}.tmp", run_dir / f".{EXPORT_DIR}.old"
     for stale in (tmp, old):
         shutil.rmtree(stale, ignore_errors=True)
-    model.hf.save_pretrained(tmp)
-    processor.save_pretrained(tmp)
+    save(tmp)
     if final.exists():
         final.rename(old)
     tmp.rename(final)
@@ -215,9 +255,6 @@ def export_pretrained(model: DualEncoderForTraining, processor, run_dir: Path) -
 
 # --- the job -----------------------------------------------------------------------------------------------------
 def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
-    from transformers import AutoModel, AutoProcessor
-
-    from volta_ml.hf.loading import ModelLoadError, load_model, load_processor
     from volta_ml.tasks.config import entry_path
 
     spec = model_spec(args)
@@ -230,39 +267,38 @@ def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
     resolve_hyperparameters(args, entry, info.world_size)
     paths = {split: entry_path(entry, f"{split}_annotations_jsonpath", getattr(args, f"{split}_annotations_jsonpath"))
              for split in ("train", "val")}
-    data = {split: read_retrieval(path, "en") for split, path in paths.items()}
+    data = {split: read_retrieval(path, args.hf_lang if split == "train" else "en") for split, path in paths.items()}
     for split, path in paths.items():
         source.check(data[split].images, path)
+    if min(len(data["train"].images), args.batch_size // args.grad_acc_steps) < 2:
+        logger.warning("%s: one image per batch: the in-batch contrastive loss is 0 and the model will not change",
+                       paths["train"])
 
-    try:
-        hf_model = load_model(AutoModel, spec, "a CLIP-family dual encoder")
-        processor = load_processor(AutoProcessor, spec)
-    except ModelLoadError as error:
-        raise UsageError(str(error)) from None
-    text_config = getattr(hf_model.config, "text_config", hf_model.config)
-    collate = Collate(processor.tokenizer, int(text_config.max_position_embeddings),
-                      "max_length" if loss == "sigmoid" else True)
-    train_set = PairDataset(data["train"], source, processor.image_processor, args.seed)
-    val_set = GalleryDataset(data["val"], source, processor.image_processor, args.hf_val_gallery)
+    model = load_trainable(spec, loss, args)
+    checkpointed = enable_gradient_checkpointing(model.module) if args.gradient_checkpointing else []
+    collate = Collate(model.tokenizer, model.max_length, model.padding)
+    train_set = PairDataset(data["train"], source, model.image_processor, args.seed)
+    val_set = GalleryDataset(data["val"], source, model.image_processor, args.hf_val_gallery)
 
     name = f"{entry['name']}_{Path(spec.model.rstrip('/')).name}" + (f"-{args.save_name}" if args.save_name else "")
     run_dir = Path(args.output_dir) / name
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "command.txt").write_text(f"{args!r}\n\n{json.dumps(hf_model.config.to_dict(), default=str)}\n",
+        (run_dir / "command.txt").write_text(f"{args!r}\n\n{json.dumps(model.config, default=str)}\n",
                                              encoding="utf-8")
     barrier(info)
     return TrainJob(
-        model=DualEncoderForTraining(hf_model, loss), train_dataset=train_set, val_dataset=val_set,
+        model=model.module, train_dataset=train_set, val_dataset=val_set,
         forward_and_loss=functools.partial(forward_and_loss, loss=loss, info=info),
         task_id=task_id, task_name=entry["name"], run_dir=run_dir, tb_dir=Path(args.logdir) / name,
         collate_fn=collate,
-        on_best_saved=lambda model: export_pretrained(model, processor, run_dir),
+        on_best_saved=lambda _module: export_pretrained(model.save, run_dir),
         summary={"hf model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
-                             + f" ({hf_model.config.model_type}, {loss} loss)",
-                 "data": f"train {paths['train']} ({len(data['train'].images)} images, one caption each per "
-                         f"epoch), val {paths['val']}",
+                             + f" ({model.family}, {loss} loss"
+                             + (f", gradient checkpointing in {', '.join(checkpointed)}" if checkpointed else "") + ")",
+                 "data": f"train {paths['train']} ({args.hf_lang}, {len(data['train'].images)} images, one caption "
+                         f"each per epoch), val {paths['val']}",
                  "images": f"{source.root} (template {source.template!r})",
                  "validation": f"text->image R@1 in galleries of {args.hf_val_gallery} images (first caption)",
-                 "export": f"{run_dir / EXPORT_DIR} (save_pretrained at each new best)"},
+                 "export": f"{run_dir / EXPORT_DIR} (written at each new best)"},
     )
