@@ -80,11 +80,13 @@ def _checks():
         "extraction": (zoo.check_extraction, 45, "region-feature extraction images/s per detector preset"),
         "cvqa_zoo": (zoo.check_cvqa_zoo, 30, "CVQA questions/s, model-zoo matching scorer"),
         "cvqa_hf": (hf.check_cvqa_hf, 130, "CVQA questions/s per HF backend family, real size, random weights"),
+        "hf_train": (hf.check_hf_train, 90, "HF fine-tuning step samples/s and peak memory: LoRA LLaVA-1.5-7B, "
+                                             "contrastive CLIP ViT-B/32, real size, random weights"),
         "ddp": (zoo.check_ddp, 120, "retrieval and training scaling over 2 GPUs (skipped with one)"),
     }
 
 
-CHECK_NAMES = ("device", "parity", "train_step", "retrieval", "extraction", "cvqa_zoo", "cvqa_hf", "ddp")
+CHECK_NAMES = ("device", "parity", "train_step", "retrieval", "extraction", "cvqa_zoo", "cvqa_hf", "hf_train", "ddp")
 
 
 def run_inline(name: str, args, budget: float, rows_file: Path) -> tuple[str, str]:

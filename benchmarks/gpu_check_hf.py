@@ -258,3 +258,76 @@ def check_cvqa_hf(ctx) -> None:
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+# --- fine-tuning steps (volta-ml train --hf_model) ----------------------------------------------------------------
+ANSWER_TOKENS = 2        # a letter + end of turn: the loss is on the last tokens only, as the LoRA job's
+TRAIN_JOBS = {           # name: (builder, job kind, examples per step on the GPU)
+    "llava-1.5-7b LoRA r8 q_proj,v_proj": (llava_7b, "lora", 8),
+    "clip-vit-b32 contrastive": (clip_b32, "contrastive", 256),
+}
+
+
+def _train_step(model, config, kind, inputs, optimizer, device):
+    """Forward, the job's loss, backward, AdamW step, under bf16 autocast on CUDA."""
+    import torch.nn.functional as F
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        if kind == "lora":    # the answer tokens' cross-entropy, logits kept for them only
+            ids = inputs["input_ids"]
+            logits = model(**inputs, logits_to_keep=ANSWER_TOKENS + 1).logits[:, :-1].float()
+            loss = F.cross_entropy(logits.flatten(0, 1), ids[:, -ANSWER_TOKENS:].flatten())
+        else:
+            from volta_ml.iglue_hf.contrastive import pair_loss
+            n = inputs["pixel_values"].shape[0]
+            text, image, scale, bias = model({"input_ids": inputs["input_ids"][:n],
+                                              "attention_mask": inputs["attention_mask"][:n]},
+                                             {"pixel_values": inputs["pixel_values"]})
+            loss = pair_loss("infonce", text, image, text, image, scale, bias)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def check_hf_train(ctx) -> None:
+    """One optimizer step of each HF fine-tuning job at real size, random weights: LoRA on LLaVA-1.5-7B (bf16
+    weights frozen, fp32 LoRA tensors, gradient checkpointing, the answer-token loss) and CLIP ViT-B/32's
+    contrastive step (fp32 weights, bf16 autocast); samples/s and peak GPU memory."""
+    device = torch.device(ctx.device)
+    for name, (builder, kind, batch) in TRAIN_JOBS.items():
+        if ctx.skip_if_late(name, 2 if ctx.quick else 40):
+            continue
+        batch = 2 if ctx.quick else batch
+        model_cls, config = builder(ctx.quick)
+        dtype = torch.bfloat16 if device.type == "cuda" and kind == "lora" else torch.float32
+        model = materialise(model_cls, config, device, dtype)
+        if kind == "lora":
+            from peft import LoraConfig, get_peft_model
+            from volta_ml.iglue_hf.lora import lora_targets
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            targets = lora_targets(model, ["q_proj", "v_proj"], name)
+            model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=targets))
+            inputs = _inputs(model, config, "letter", batch, device)
+        else:
+            from volta_ml.iglue_hf.contrastive import DualEncoderForTraining
+            inputs = _inputs(model, config, "dual", batch, device)
+            model = DualEncoderForTraining(model, "infonce")
+        model.train()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-4)
+        loss = _train_step(model, config, kind, inputs, optimizer, device)     # warm-up (optimizer state)
+        _sync(device)
+        reps = 1 if ctx.quick else 3
+        start = time.perf_counter()
+        for _ in range(reps):
+            loss = _train_step(model, config, kind, inputs, optimizer, device)
+        _sync(device)
+        seconds = (time.perf_counter() - start) / reps
+        ctx.row(item=name, kind=kind, weights=str(dtype).replace("torch.", ""), batch=batch,
+                samples_per_s=batch / seconds, params_b=sum(p.numel() for p in model.parameters()) / 1e9,
+                trainable_m=sum(p.numel() for p in trainable) / 1e6, finite=bool(torch.isfinite(loss).all()),
+                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None)
+        del model, inputs, optimizer, trainable
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
