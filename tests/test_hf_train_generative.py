@@ -146,7 +146,7 @@ def test_training_lowers_the_loss(single):
     assert saved and all("lora_" in key for key in saved), sorted(saved)[:4]   # checkpoints: the LoRA tensors only
 
 
-def test_gqa_trains_and_validates_with_the_generate_rule(tmp_path, models, xvnli):
+def test_gqa_trains_in_bf16_and_validates_with_the_generate_rule(tmp_path, models, xvnli):
     data, images = xvnli
     questions = {str(i): {"question": "What colour is the picture?", "imageId": str(2000 + i),
                           "answer": ["red", "green", "blue", "yellow", "black", "white"][i % 6]} for i in range(8)}
@@ -156,7 +156,7 @@ def test_gqa_trains_and_validates_with_the_generate_rule(tmp_path, models, xvnli
             "--val_annotations_jsonpath", str(tmp_path / "gqa.json"), "--output_dir", str(tmp_path / "save"),
             "--logdir", str(tmp_path / "logs"), "--batch_size", "4", "--num_epoch", "2", "--lr", "3e-2",
             "--warmup_proportion", "0", "--num_workers", "0", "--num_val_workers", "0", "--train_projector",
-            "--gradient_checkpointing"]
+            "--gradient_checkpointing", "--hf_dtype", "bf16", "--amp", "bf16"]
     assert _in_process(argv) == 0
     validation = _validation(tmp_path, "GQA_idefics3", "GQA")
     assert len(validation) == 2 and validation[1][0] < validation[0][0], validation

@@ -88,6 +88,9 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     help="dual encoders' validation score: text->image R@1 within galleries of this many images")
     hf.add_argument("--gradient_checkpointing", action="store_true",
                     help="recompute activations in the backward pass (less memory, ~30%% more time)")
+    hf.add_argument("--hf_dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="generative models: the dtype of the frozen base weights (bf16 halves their memory; the "
+                         "LoRA tensors stay fp32; combine with --amp bf16)")
     lora = parser.add_argument_group("LoRA for generative models (volta_ml/iglue_hf/lora.py)")
     lora.add_argument("--lora_r", type=int, default=8, help="LoRA rank")
     lora.add_argument("--lora_alpha", type=float, default=16, help="LoRA scale numerator (scale = alpha / r)")

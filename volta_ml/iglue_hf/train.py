@@ -252,6 +252,9 @@ def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
 
     spec = model_spec(args)
     loss = dual_encoder_loss(spec, args.hf_backend)
+    if args.hf_dtype != "fp32":
+        raise UsageError(f"--hf_dtype {args.hf_dtype}: a dual encoder trains all its weights, kept in fp32 "
+                         "(use --amp bf16 for bf16 compute)")
     task_id, entry = retrieval_entry(args)
     task_key = TRAINABLE[task_id.removeprefix("TASK")]
     source = image_source(args, DEFAULT_TEMPLATES[task_key])

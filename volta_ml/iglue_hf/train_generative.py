@@ -32,6 +32,7 @@ generative model (LoRA)".
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -208,7 +209,7 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
     from volta_ml.hf.loading import ModelLoadError
     from volta_ml.hf.mllm import GenerativeBackend
 
-    spec = model_spec(args)
+    spec = dataclasses.replace(model_spec(args), dtype=args.hf_dtype)   # frozen weights; LoRA tensors stay fp32
     family = lora.family(model_type(spec), spec.model)
     task_id, entry, task = generative_entry(args)
     source = image_source(args, default_template(args, task))
