@@ -21,6 +21,10 @@ instead fine-tunes a Hugging Face dual encoder (`volta-ml train --hf_model`, doc
 widths (CLIP ViT-B/32: 512 / 768 wide, vocabulary 49408; SigLIP base-patch16-224: 768 / 768, vocabulary
 32000) with `--hf_layers` layers per tower, random weights, on generated 640x480 pictures with Flickr30k-style
 captions, and reports samples/s of the last epoch and the peak resident memory of the process (`ru_maxrss`).
+`--hf qwen2-vl` fine-tunes a generative model with LoRA (`volta-ml train --hf_backend mllm`, default r 8 on
+q_proj/v_proj) at Qwen2-VL-2B's widths (LM 1536 wide, MLP 8960, 12 heads / 2 KV heads, vocabulary 151936; vision
+1280 wide, 16 heads, patch 14, merge 2) with `--hf_layers` layers in each of the LM and the vision tower, on an
+XVNLI-shaped task (640x480 pictures: ~350 image tokens each after merging), validation on 4 examples.
 """
 from __future__ import annotations
 
@@ -123,7 +127,61 @@ def build_hf_site(work: Path, family: str, layers: int, examples: int) -> dict:
     return {"params": sum(p.numel() for p in model.parameters()), "family": family}
 
 
+QWEN2_VL_2B = dict(text=dict(hidden_size=1536, intermediate_size=8960, num_attention_heads=12, num_key_value_heads=2,
+                              vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True),
+                   vision=dict(embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14,
+                               spatial_merge_size=2))
+
+
+def build_generative_site(work: Path, layers: int, examples: int) -> dict:
+    """A random Qwen2-VL at Qwen2-VL-2B's widths with `layers` LM and vision layers (the tests' stand-in
+    tokenizer and chat template), and an XVNLI-shaped data root (dev = the first 4 rows) of 640x480 pictures."""
+    import torch
+    import transformers as tf
+    from PIL import Image
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from helpers_vlm_families import QWEN_TEMPLATE, _qwen_tok
+
+    tok = _qwen_tok()
+    tok.chat_template = QWEN_TEMPLATE
+    ids = {key: tok.convert_tokens_to_ids(t) for key, t in (("image_token_id", "<|image_pad|>"),
+                                                            ("video_token_id", "<|video_pad|>"),
+                                                            ("vision_start_token_id", "<|vision_start|>"),
+                                                            ("vision_end_token_id", "<|vision_end|>"))}
+    text = dict(QWEN2_VL_2B["text"], num_hidden_layers=layers, pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]})
+    config = tf.Qwen2VLConfig(text_config=text, vision_config=dict(QWEN2_VL_2B["vision"], depth=layers), **ids)
+    torch.manual_seed(0)
+    model = tf.Qwen2VLForConditionalGeneration(config)
+    processor = tf.Qwen2VLProcessor(image_processor=tf.Qwen2VLImageProcessor(), tokenizer=tok,
+                                    video_processor=tf.Qwen2VLVideoProcessor(), chat_template=QWEN_TEMPLATE)
+    model.save_pretrained(work / "model")
+    processor.save_pretrained(work / "model")
+    annotations, images = work / "data" / "XVNLI" / "annotations" / "en", work / "images"
+    annotations.mkdir(parents=True, exist_ok=True)
+    images.mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(examples):
+        Image.fromarray(rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)).save(images / f"{1000 + i}.jpg")
+        rows.append(json.dumps({"gold_label": ["entailment", "neutral", "contradiction"][i % 3],
+                                "sentence2": "two people are riding bicycles along the river near a small shop",
+                                "Flikr30kID": f"{1000 + i}.jpg", "pairID": str(i)}))
+    (annotations / "train.jsonl").write_text("\n".join(rows) + "\n")
+    (annotations / "dev.jsonl").write_text("\n".join(rows[:4]) + "\n")
+    return {"params": sum(p.numel() for p in model.parameters()), "family": "qwen2-vl"}
+
+
 def hf_train_command(work: Path, args, out_name: str) -> list[str]:
+    if args.hf == "qwen2-vl":
+        return ["--hf_model", str(work / "model"), "--task", "xvnli", "--data_root", str(work / "data"),
+                "--images", str(work / "images"), "--num_epoch", str(args.epochs), "--batch_size",
+                str(args.batch_size), "--gradient_accumulation_steps", str(args.grad_acc), "--eval_batch_size", "2",
+                "--num_workers", str(args.num_workers), "--num_val_workers", "0", "--adam_correct_bias",
+                "--lr", "1e-4", "--amp", args.amp, "--device", args.device, "--save_best_only",
+                "--output_dir", str(work / out_name), "--logdir", str(work / f"{out_name}_logs")]
     return ["--hf_model", str(work / "model"), "--task", "8", "--data_root", str(work / "data"),
             "--images", str(work / "images"), "--num_epoch", str(args.epochs), "--batch_size", str(args.batch_size),
             "--gradient_accumulation_steps", str(args.grad_acc), "--eval_batch_size", "1", "--hf_val_gallery", "4",
@@ -173,9 +231,10 @@ def main() -> None:
     parser.add_argument("--no_ddp", action="store_true")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--hf", choices=["clip", "siglip"], default=None,
-                        help="fine-tune a Hugging Face dual encoder at real widths instead (one process)")
-    parser.add_argument("--hf_layers", type=int, default=2, help="--hf: layers per tower")
+    parser.add_argument("--hf", choices=["clip", "siglip", "qwen2-vl"], default=None,
+                        help="fine-tune a Hugging Face dual encoder (contrastive) or generative model (LoRA) at "
+                             "real widths instead (one process)")
+    parser.add_argument("--hf_layers", type=int, default=2, help="--hf: layers per tower / of the LM and vision")
     args = parser.parse_args()
     import torch
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -226,11 +285,13 @@ def main() -> None:
 
 
 def bench_hf(work: Path, args) -> None:
-    site = build_hf_site(work, args.hf, args.hf_layers, args.examples)
+    site = (build_generative_site(work, args.hf_layers, args.examples) if args.hf == "qwen2-vl"
+            else build_hf_site(work, args.hf, args.hf_layers, args.examples))
     threads = str(os.cpu_count() or 1)
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore", OMP_NUM_THREADS=threads)
     steps, samples, _ = run([sys.executable, str(REPO / "train_task.py"), *hf_train_command(work, args, "hf")], env)
-    name = {"clip": "CLIP ViT-B/32 widths", "siglip": "SigLIP base-patch16-224 widths"}[args.hf]
+    name = {"clip": "CLIP ViT-B/32 widths", "siglip": "SigLIP base-patch16-224 widths",
+            "qwen2-vl": "Qwen2-VL-2B widths, LoRA r 8 on q_proj/v_proj, XVNLI letter targets"}[args.hf]
     print(f"\nvolta-ml train --hf_model, {name}, {args.hf_layers} layers per tower "
           f"({site['params'] / 1e6:.1f}M parameters), {args.examples} pictures 640x480, batch {args.batch_size} / "
           f"grad-acc {args.grad_acc}, device {args.device}, amp {args.amp}, {args.num_workers} loader workers, "

@@ -80,9 +80,10 @@ def _checks():
         "extraction": (zoo.check_extraction, 45, "region-feature extraction images/s per detector preset"),
         "cvqa_zoo": (zoo.check_cvqa_zoo, 30, "CVQA questions/s, model-zoo matching scorer"),
         "cvqa_hf": (hf.check_cvqa_hf, 130, "CVQA questions/s per HF backend family, real size, random weights"),
+        "hf_train": (hf.check_hf_train, 100, "HF fine-tuning step samples/s and peak memory: LoRA LLaVA-1.5-7B, "
+                                              "contrastive CLIP ViT-B/32 with and without gradient checkpointing, "
+                                              "real size, random weights"),
         "ddp": (zoo.check_ddp, 120, "retrieval and training scaling over 2 GPUs (skipped with one)"),
-        "hf_train": (hf.check_hf_train, 40, "HF dual-encoder fine-tuning step (CLIP ViT-B/32, batch 64, bf16): "
-                                            "samples/s, peak memory, with and without gradient checkpointing"),
     }
 
 

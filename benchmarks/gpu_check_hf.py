@@ -260,58 +260,84 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-# --- dual-encoder fine-tuning step (volta-ml train --hf_model, iglue_hf/train.py) --------------------------------
-# name: (builder, per-GPU batch, gradient checkpointing)
-TRAIN_ROWS = {
-    "clip-vit-b32 contrastive step": (clip_b32, 64, False),
-    "clip-vit-b32 contrastive step, gradient checkpointing": (clip_b32, 64, True),
+# --- fine-tuning steps (volta-ml train --hf_model: iglue_hf/train.py, train_generative.py) ------------------------
+ANSWER_TOKENS = 2        # a letter + end of turn: the loss is on the last tokens only, as the LoRA job's
+TRAIN_JOBS = {           # name: (builder, job kind, examples per step on the GPU, gradient checkpointing)
+    "llava-1.5-7b LoRA r8 q_proj,v_proj, gradient checkpointing": (llava_7b, "lora", 8, True),
+    "clip-vit-b32 contrastive": (clip_b32, "contrastive", 64, False),
+    "clip-vit-b32 contrastive, gradient checkpointing": (clip_b32, "contrastive", 64, True),
 }
 
 
+def _train_step(model, kind, inputs, optimizer, device):
+    """Forward, the job's loss, backward, AdamW step, under bf16 autocast on CUDA."""
+    import torch.nn.functional as F
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        if kind == "lora":    # the answer tokens' cross-entropy, logits kept for them only
+            ids = inputs["input_ids"]
+            logits = model(**inputs, logits_to_keep=ANSWER_TOKENS + 1).logits[:, :-1].float()
+            loss = F.cross_entropy(logits.flatten(0, 1), ids[:, -ANSWER_TOKENS:].flatten())
+        else:
+            from volta_ml.iglue_hf.contrastive import pair_loss
+            n = inputs["pixel_values"].shape[0]
+            text, image, scale, bias = model({"input_ids": inputs["input_ids"][:n],
+                                              "attention_mask": inputs["attention_mask"][:n]},
+                                             {"pixel_values": inputs["pixel_values"].float()})
+            loss = pair_loss("infonce", text, image, text, image, scale, bias)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
 def check_hf_train(ctx) -> None:
-    """One full-size fine-tuning step of a dual encoder as `volta-ml train --hf_model` runs it: fp32 weights,
-    bf16 autocast, the InfoNCE loss of `DualEncoderForTraining`, torch's AdamW; samples/s and peak memory
-    (what docs/hf_models.md's memory table estimates). Full size on a GPU only; --quick runs it tiny anywhere."""
-    from volta_ml.iglue_hf.contrastive import DualEncoderForTraining, enable_gradient_checkpointing, infonce_loss
+    """One optimizer step of each HF fine-tuning job at real size, random weights: LoRA on LLaVA-1.5-7B (bf16
+    weights frozen, fp32 LoRA tensors, gradient checkpointing, the answer-token loss) and CLIP ViT-B/32's
+    contrastive step (fp32 weights, bf16 autocast, with and without gradient checkpointing); samples/s and peak
+    GPU memory (what docs/hf_models.md's memory tables estimate). Full size on a GPU only; --quick runs it tiny
+    anywhere."""
+    from volta_ml.iglue_hf.contrastive import checkpoint_activations
     device = torch.device(ctx.device)
-    for name, (builder, batch, checkpointing) in TRAIN_ROWS.items():
+    for name, (builder, kind, batch, checkpointing) in TRAIN_JOBS.items():
         if not ctx.quick and device.type != "cuda":
             ctx.row(item=name, status="skipped", reason="full size runs on a GPU only (--quick: tiny on any device)")
             continue
-        if ctx.skip_if_late(name, 2 if ctx.quick else 20):
+        if ctx.skip_if_late(name, 2 if ctx.quick else 40):
             continue
         batch = 2 if ctx.quick else batch
         model_cls, config = builder(ctx.quick)
-        model = DualEncoderForTraining(materialise(model_cls, config, device, torch.float32), "infonce").train()
+        dtype = torch.bfloat16 if device.type == "cuda" and kind == "lora" else torch.float32
+        model = materialise(model_cls, config, device, dtype)
         if checkpointing:
-            enable_gradient_checkpointing(model)
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-        inputs = _inputs(model.hf, config, "dual", batch, device)
-        text_inputs = {"input_ids": inputs["input_ids"][:batch], "attention_mask": inputs["attention_mask"][:batch]}
-        image_inputs = {"pixel_values": inputs["pixel_values"].float()}
+            checkpoint_activations(model)
+        if kind == "lora":
+            from peft import LoraConfig, get_peft_model
+            from volta_ml.iglue_hf.lora import lora_targets
+            targets = lora_targets(model, ["q_proj", "v_proj"], name)
+            model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=targets))
+            inputs = _inputs(model, config, "letter", batch, device)
+        else:
+            from volta_ml.iglue_hf.contrastive import DualEncoderForTraining
+            inputs = _inputs(model, config, "dual", batch, device)
+            model = DualEncoderForTraining(model, "infonce")
+        model.train()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-4)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-
-        def step():
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                text, image, scale, _ = model(text_inputs, image_inputs)
-            loss = infonce_loss(text, image, text, image, scale)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            return loss
-
-        loss = step()   # warm-up: AdamW's states are allocated here
+        loss = _train_step(model, kind, inputs, optimizer, device)     # warm-up (optimizer state)
         _sync(device)
-        reps = 1 if ctx.quick else 5
+        reps = 1 if ctx.quick else 3
         start = time.perf_counter()
         for _ in range(reps):
-            loss = step()
+            loss = _train_step(model, kind, inputs, optimizer, device)
         _sync(device)
         seconds = (time.perf_counter() - start) / reps
-        ctx.row(item=name, batch=batch, samples_per_s=batch / seconds, step_s=seconds,
-                params_m=sum(p.numel() for p in model.parameters()) / 1e6, finite=bool(torch.isfinite(loss)),
+        ctx.row(item=name, kind=kind, weights=str(dtype).replace("torch.", ""), batch=batch,
+                samples_per_s=batch / seconds, step_s=seconds,
+                params_b=sum(p.numel() for p in model.parameters()) / 1e9,
+                trainable_m=sum(p.numel() for p in trainable) / 1e6, finite=bool(torch.isfinite(loss).all()),
                 peak_gib=torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None)
-        del model, optimizer, inputs, text_inputs, image_inputs, loss
+        del model, inputs, optimizer, trainable
         if device.type == "cuda":
             torch.cuda.empty_cache()

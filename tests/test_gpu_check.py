@@ -45,8 +45,10 @@ def test_every_check_runs_quick_on_cpu(tmp_path, name):
         assert [r["item"] for r in measured] == list(gpu_check_hf.BACKENDS)
         assert all(r["finite"] for r in measured)
     if name == "hf_train":
-        assert [r["item"] for r in measured] == list(gpu_check_hf.TRAIN_ROWS)
+        assert [r["item"] for r in measured] == list(gpu_check_hf.TRAIN_JOBS)
         assert all(r["finite"] and r["samples_per_s"] > 0 for r in measured)
+        lora = [r for r in measured if r["kind"] == "lora"]    # LoRA trains a small share of the weights
+        assert lora and all(0 < r["trainable_m"] < r["params_b"] * 1e3 / 10 for r in lora), lora
     if name == "parity":  # fixtures present: something must have been compared, and it must agree
         assert measured[0]["status"] == "ok" and measured[0]["failed"] == 0 and measured[0]["compared"] > 0
     saved = json.loads((tmp_path / "report.json").read_text())

@@ -287,7 +287,9 @@ def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> 
     extra = {key: args[key] for key in ("image_model", "text_base") if args.get(key)}
     if backend == "mllm" and args.get("letter_spellings"):
         extra["letter_spellings"] = args["letter_spellings"]
+    if args.get("adapter") and backend != "mllm":
+        raise UsageError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {backend})")
     spec = ModelSpec(model=args["model"], revision=args["model_revision"], dtype=args["dtype"], device=device,
                      device_map=args["device_map"], extra=extra,
-                     allow_missing_keys=bool(args.get("allow_missing_keys")))
+                     allow_missing_keys=bool(args.get("allow_missing_keys")), adapter=args.get("adapter"))
     return BUILDERS[backend](load_backend(backend, spec), args)

@@ -62,6 +62,8 @@ def register(subparsers) -> None:
     hf.add_argument("--text-base", dest="text_base", default=None,
                     help="mclip: the XLM-R config its text tower is built from (default: modelBase of the M-CLIP "
                     "config); a hub id in the local HF cache or a local folder")
+    hf.add_argument("--adapter", default=None,
+                    help="mllm: a LoRA adapter folder applied on top of --model (volta-ml train's <run dir>/hf_best)")
     hf.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="fp32")
     hf.add_argument("--device-map", dest="device_map", choices=("auto",), default=None,
                     help="accelerate spreads a model larger than one GPU (then --device is ignored)")
@@ -190,7 +192,7 @@ def _run_backend(args) -> str | None:
     keys = ("data", "backend", "revision", "conditions", "template", "rule", "model", "model_revision",
             "image_model", "text_base", "dtype", "device", "device_map", "chunk_size", "text_only", "limit",
             "output_dir", "progress", "predictions", "max_side", "max_pixels", "allow_missing_keys", "letter_layout",
-            "letter_spellings")
+            "letter_spellings", "adapter")
     return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8})
 
 

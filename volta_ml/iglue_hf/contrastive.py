@@ -94,23 +94,28 @@ class TrainableDualEncoder:
     save: Callable[[Path], None]      # writes what `volta-ml iglue-hf --model <folder>` loads
 
 
-def enable_gradient_checkpointing(module: nn.Module) -> list[str]:
-    """transformers' activation checkpointing (`activation_checkpointing_enable`, called
+def checkpoint_activations(model) -> None:
+    """transformers' activation checkpointing on one `PreTrainedModel` (`activation_checkpointing_enable`, called
     `gradient_checkpointing_enable` before transformers 5.x deprecated that name) with non-reentrant
     torch.utils.checkpoint, which restores the RNG state, so dropout draws the same masks when a layer is
-    recomputed, on each `transformers` model among the children of `module` that has trainable parameters;
-    returns their class names. Each layer's activations are recomputed in the backward pass instead of being
-    kept: less memory, about one more forward pass of time."""
+    recomputed. Each layer's activations are recomputed in the backward pass instead of being kept: less memory,
+    about one more forward pass of time."""
+    if not model.supports_gradient_checkpointing:
+        raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def enable_gradient_checkpointing(module: nn.Module) -> list[str]:
+    """`checkpoint_activations` on each `transformers` model among the children of `module` that has trainable
+    parameters; returns their class names."""
     from transformers import PreTrainedModel
     done = []
     for child in module.children():
         if isinstance(child, PreTrainedModel) and any(p.requires_grad for p in child.parameters()):
-            if not child.supports_gradient_checkpointing:
-                raise ValueError(f"{type(child).__name__} does not support gradient checkpointing")
-            kwargs = {"use_reentrant": False}
-            if hasattr(child, "activation_checkpointing_enable"):
-                child.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-            else:
-                child.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            checkpoint_activations(child)
             done.append(type(child).__name__)
     return done
