@@ -15,9 +15,13 @@ Rows:
 the real image resolution, image/query-token counts, vocabularies and widths of the vision towers but cuts every
 tower to 2 layers and the LM to width 1024 (so the sequence shapes, and thus the reuse ratio, are the real ones).
 The sides are timed alternately in one process, median of `--repeats`.
+- current families (`--families [NAME ...]`, none named = all): the letter rule's questions/s at batch 1 vs 8 for
+  each family of tests/helpers_vlm_families.py at its real checkpoint's widths with 2 text + 2 vision layers
+  (benchmarks/bench_mllm_families.py, which gets the other flags: `--questions`, `--quick`, ...).
 
     python benchmarks/bench_hf.py                                   # CPU: dual encoders full, generative reduced
     python benchmarks/bench_hf.py --device cuda --dtype bf16 --scale full --batch 8
+    python benchmarks/bench_hf.py --families --threads 2 --questions 8 --repeats 1    # every current family
 """
 from __future__ import annotations
 
@@ -213,6 +217,21 @@ DUAL = ("clip-b32", "clip-l14-336", "mclip")
 GENERATIVE = ("llava-1.5-7b", "instructblip-flan-t5-xl", "mblip-mt0-xl", "mblip-bloomz-7b")
 
 
+def families(args, rest: list[str]) -> int:
+    """The per-family rows (benchmarks/bench_mllm_families.py) with this command's device, dtype, threads, repeats."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_mllm_families
+    argv = ["--device", args.device, "--repeats", str(args.repeats), *rest]
+    if args.families:
+        argv += ["--families", *args.families]
+    if args.dtype:
+        argv += ["--dtype", args.dtype]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    bench_mllm_families.main(argv)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=list(DUAL + GENERATIVE), choices=DUAL + GENERATIVE)
@@ -223,7 +242,13 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args(argv)
+    ap.add_argument("--families", nargs="*", default=None,
+                    help="current mllm families instead (bench_mllm_families.py; no names: all)")
+    args, rest = ap.parse_known_args(argv)
+    if args.families is not None:
+        return families(args, rest)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     cuda = torch.device(args.device).type == "cuda"
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype or ("bf16" if cuda else "fp32")]
     scale = args.scale or ("full" if cuda else "reduced")

@@ -1,18 +1,24 @@
 """Questions/s of the `mllm` backend for each current family (tests/helpers_vlm_families.py), batch 1 vs 8.
 
 Each family's tiny test folder gives the processor (and so the image-token counts of the test's small image
-sizes: 4-64 image tokens per photo, not the real checkpoints' hundreds) and the config, which is widened to the
+sizes: tens of image tokens per photo, not the real checkpoints' hundreds) and the config, which is widened to the
 real checkpoint's text and vision widths and vocabulary (`REAL`), with 2 text and 2 vision layers and random
 weights. One question = one photo + the CVQA letter prompt (~30 words); the letter rule (one forward per
-question) is timed at batch 1 (one question per call) and batch 8, median of `--repeats`, in one process.
+question) is timed at batch 1 (one question per call) and batch 8, median of `--repeats`, after one warm-up
+question, in one process, one family at a time. "tokens / question" is the sequence one question gives the LM:
+the test's byte-level stand-in tokenizers (a few hundred tokens) cut the prompt into more tokens than the real
+ones (~45), and the tiny processors give fewer image tokens, so it is not the real checkpoint's length.
 
     python benchmarks/bench_mllm_families.py                       # every family, real widths (CPU: minutes)
+    python benchmarks/bench_mllm_families.py --threads 2 --questions 8 --batch1_questions 2 --repeats 1  # the
+        # run of docs/hf_backends.md (13 families: 18 minutes on a loaded 2-core box, peak 10.6 GiB)
     python benchmarks/bench_mllm_families.py --quick               # the tiny test widths (a smoke run)
     python benchmarks/bench_mllm_families.py --families qwen2-vl internvl --device cuda
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -97,15 +103,23 @@ def backend(family: str, root: Path, quick: bool, device: str, dtype: str):
     return GenerativeBackend(ModelSpec(str(path), device=device, dtype=dtype), model, AutoProcessor.from_pretrained(path))
 
 
-def questions_per_second(b, batch: int, n: int, repeats: int) -> float:
+def questions(n: int):
     from helpers_hf import images
-    photos = [[im] for im in images(n, seed=1, size=(64, 48))]
-    prompts = [PROMPT] * n
+    return [[im] for im in images(n, seed=1, size=(64, 48))], [PROMPT] * n
+
+
+def tokens_per_question(b) -> int:
+    """The sequence one question gives the LM (text + image tokens; stand-in tokenizer, tiny processor)."""
+    photos, prompts = questions(1)
+    return int(b._batch(photos, prompts)["attention_mask"].sum())
+
+
+def questions_per_second(b, batch: int, n: int, repeats: int) -> float:
+    photos, prompts = questions(n)
 
     def run():
         for i in range(0, n, batch):
             b.choice_logits(photos[i:i + batch], prompts[i:i + batch], list("ABCD"))
-    run()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -122,6 +136,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
     ap.add_argument("--questions", type=int, default=8)
+    ap.add_argument("--batch1_questions", type=int, default=None,
+                    help="questions timed at batch 1 (default --questions; every question has the same shape)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
@@ -129,16 +145,27 @@ def main(argv=None) -> list[dict]:
         torch.set_num_threads(args.threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        print("| family | widths | batch 1 q/s | batch 8 q/s | speedup |")
-        print("|---|---|---|---|---|")
+        print(f"device={args.device} dtype={args.dtype} threads={torch.get_num_threads()} questions={args.questions} "
+              f"repeats={args.repeats}")
+        print("| family | widths (params) | vocabulary | tokens / question | batch 1 q/s | batch 8 q/s | speedup "
+              "| setup s | timed s |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for family in args.families:
+            start = time.perf_counter()
             b = backend(family, Path(tmp), args.quick, args.device, args.dtype)
-            one = questions_per_second(b, 1, args.questions, args.repeats)
+            b.choice_logits(*questions(1), list("ABCD"))                        # warm-up: one question
+            setup = time.perf_counter() - start
+            one = questions_per_second(b, 1, args.batch1_questions or args.questions, args.repeats)
             eight = questions_per_second(b, 8, args.questions, args.repeats)
-            rows.append({"family": family, "batch1": one, "batch8": eight})
-            widths = "tiny" if args.quick else f"real, 2 layers ({sum(p.numel() for p in b.model.parameters()) / 1e6:.0f}M)"
-            print(f"| {family} | {widths} | {one:.2f} | {eight:.2f} | {eight / one:.2f}x |", flush=True)
+            params = sum(p.numel() for p in b.model.parameters())
+            rows.append({"family": family, "batch1": one, "batch8": eight, "params": params,
+                         "tokens": tokens_per_question(b), "seconds": time.perf_counter() - start})
+            widths = "tiny" if args.quick else "real, 2 layers"
+            vocab = b.model.config.get_text_config().vocab_size
+            print(f"| {family} | {widths} ({params / 1e6:.0f}M) | {vocab} | {rows[-1]['tokens']} | {one:.2f} | "
+                  f"{eight:.2f} | {eight / one:.2f}x | {setup:.0f} | {rows[-1]['seconds'] - setup:.0f} |", flush=True)
             del b
+            gc.collect()
     return rows
 
 

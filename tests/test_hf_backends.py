@@ -204,6 +204,10 @@ def test_multi_image_prompts_and_max_images(root):
         b.choice_logits([images(3)], PROMPTS[:1], LETTERS)
     with pytest.raises(BackendInputError, match="at most 1"):
         backend("blip2-opt", root).choice_logits([images(2)], PROMPTS[:1], LETTERS)
+    assert backend("llava", root).max_images == 1          # LLaVA-1.5: trained on one image per prompt
+    with pytest.raises(BackendInputError, match=r"max_images 2 \(spec.extra / --extra\): .*blip2-opt's processor "
+                                                r"places one image per prompt"):
+        backend("blip2-opt", root, max_images=2)            # the query tokens come once per prompt
 
 
 def test_choice_token_error_names_model_and_choice(root):

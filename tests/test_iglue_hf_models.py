@@ -113,8 +113,9 @@ def test_dual_encoder_cannot_do_xvnli(world, tmp_path):
 
 # ---- current families (tests/helpers_vlm_families.py): one per task --------------------------------------------
 @pytest.mark.parametrize("family,task,rule,extra", [
-    ("qwen2-vl", "xvnli", "letter", {}), ("idefics3", "marvl", "letter", {"max_images": 2}),
-    ("gemma3", "marvl", "likelihood", {}), ("gemma3", "xgqa", "generate", {}), ("qwen2-vl", "xvnli", "generate", {}),
+    ("qwen2-vl", "xvnli", "letter", {}), ("idefics3", "marvl", "letter", {}),       # multi-image: two images
+    ("llava-next", "marvl", "likelihood", {}),                                       # one image: the canvas
+    ("gemma3", "xgqa", "generate", {}), ("qwen2-vl", "xvnli", "generate", {}),
 ])
 def test_current_families_equal_direct_computation(world, tmp_path, family, task, rule, extra):
     lang, protocol = CASES[task]
@@ -128,7 +129,7 @@ def test_current_families_equal_direct_computation(world, tmp_path, family, task
     examples, source = data_of(task, options)
     backend = load_backend("mllm", ModelSpec(path, extra=extra))
     layout = result["marvl_layout"]
-    assert layout == (("multi" if extra.get("max_images") == 2 else "canvas") if task == "marvl" else None)
+    assert layout == (("multi" if family == "idefics3" else "canvas") if task == "marvl" else None)
     expected = reference_accuracy(backend, task, rule, examples, source, layout, max_new_tokens=4)
     assert result["metrics"]["score"] == pytest.approx(expected)
     assert result["prompt_format"] == "chat_template"

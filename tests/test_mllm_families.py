@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from helpers_hf import images
 from helpers_vlm_families import FAMILIES, build_family, shared_root
-from volta_ml.hf import ModelSpec, load_backend
+from volta_ml.hf import BackendInputError, ModelSpec, load_backend
+from volta_ml.hf.mllm import GenerativeBackend
 
 NAMES = list(FAMILIES)
 LETTERS = ["A", "B", "C", "D"]
@@ -27,6 +28,8 @@ CONTS = [[" a red car", " bird", " a green tree near the river", " dog"], [" ric
 SIZES = [(40, 30), (64, 48), (30, 70)]
 TOL = 1e-4
 NO_TEMPLATE = ("paligemma",)   # PaliGemma has no chat template: "<image>" + prompt, the processor adds the rest
+SINGLE_IMAGE = ("paligemma", "llava-next", "mllama")        # trained on one image per prompt: MaRVL's canvas
+MULTI_IMAGE = [n for n in NAMES if n not in SINGLE_IMAGE]
 # PaliGemma's processor builds its (unused) labels with np.array(..., copy=False) on a list: numpy 2 warns
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy:DeprecationWarning")]
@@ -52,7 +55,9 @@ def photos(seed=0):
 
 # ---- the plain Hugging Face way ------------------------------------------------------------------------------
 def _user(prompt, image):
-    content = ([{"type": "image", "image": image}] if image is not None else []) + [{"type": "text", "text": prompt}]
+    """One user turn: `image` None (blind), one image or a list of images (before the text)."""
+    imgs = [] if image is None else image if isinstance(image, list) else [image]
+    content = [{"type": "image", "image": im} for im in imgs] + [{"type": "text", "text": prompt}]
     return [{"role": "user", "content": content}]
 
 
@@ -161,6 +166,41 @@ def test_generation_and_blind_control_batch_equals_one(name, family_root):
     mixed = b.choice_logits([imgs[0], [None], imgs[2]], PROMPTS, LETTERS)      # a photo that failed to decode
     assert torch.allclose(mixed[1], got[1], atol=TOL)
     assert torch.allclose(mixed[0], b.choice_logits(imgs[:1], PROMPTS[:1], LETTERS)[0], atol=TOL)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_images_per_prompt_from_the_processor_and_the_training(name, family_root):
+    """Every processor here places a second image of a prompt; the families trained on one image per prompt take
+    one (MaRVL: the canvas), the others any number (MaRVL: two images); `max_images` overrides both ways."""
+    from volta_ml.iglue_hf.tasks import marvl_layout
+    b = backend(name, family_root)
+    assert b._places_second_image()
+    assert b.max_images == (1 if name in SINGLE_IMAGE else None)
+    assert marvl_layout(b, "auto") == ("canvas" if name in SINGLE_IMAGE else "multi")
+    if name in SINGLE_IMAGE:
+        with pytest.raises(BackendInputError, match="2 images in one prompt, the model takes at most 1"):
+            b.choice_logits([photos()[0] * 2], PROMPTS[:1], LETTERS)
+    override = 1 if name in MULTI_IMAGE else 2
+    assert GenerativeBackend(ModelSpec(b.spec.model, extra={"max_images": override}), b.model,
+                             b.processor).max_images == override
+
+
+@pytest.mark.parametrize("name", MULTI_IMAGE)
+@torch.inference_mode()
+def test_two_images_per_prompt_batch_one_and_reference(name, family_root):
+    """MaRVL's layout for multi-image families: two photos (of different sizes) in one prompt; a batch of 3 = one
+    at a time = the plain HF way with both images in the conversation; the second photo changes the scores."""
+    b = backend(name, family_root)
+    first, second = photos(seed=20), photos(seed=30)
+    pairs = [first[i] + second[(i + 1) % 3] for i in range(3)]
+    got = b.choice_logits(pairs, PROMPTS, LETTERS)
+    for i in range(3):
+        one = b.choice_logits(pairs[i:i + 1], PROMPTS[i:i + 1], LETTERS)
+        assert torch.allclose(got[i:i + 1], one, atol=TOL), (name, i)
+        want = ref_letters(b, name, pairs[i], PROMPTS[i], PROMPTS[0])
+        assert torch.allclose(got[i], want, atol=TOL), (name, i, got[i], want)
+    other = b.choice_logits([p[:1] + photos(seed=40)[0] for p in pairs], PROMPTS, LETTERS)
+    assert not torch.allclose(got, other, atol=1e-3), "the scores must depend on the second image"
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in NO_TEMPLATE])

@@ -69,7 +69,7 @@ class DualEncoder(Protocol):
 @runtime_checkable
 class Generative(Protocol):
     spec: ModelSpec
-    max_images: int                 # images one prompt may carry (1 for single-image models)
+    max_images: int | None          # images one prompt may carry (1 for single-image models; None: no limit)
 
     def render(self, prompt: str, num_images: int) -> str:
         """The exact text the model sees for this user turn (chat template applied, image tokens in place)."""

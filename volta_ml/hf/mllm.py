@@ -49,9 +49,12 @@ Scoring.
   decoder on the K continuations (tokenised alone: the decoder starts from its start token).
 - `generate`: greedy (`model.generate`, no sampling, one beam).
 
-`self.max_images`: 1 for BLIP-family models and PaliGemma; otherwise `spec.extra["max_images"]` (default 1,
-as LLaVA-1.5 was trained on one; set it for multi-image families). `iglue-hf` gives MaRVL's two photos as two
-images when it is at least 2, else the side-by-side canvas.
+Images per prompt (`self.max_images`; None = no limit but the context): `spec.extra["max_images"]` when given;
+else 1 for families whose checkpoints were trained on one image per prompt (`Family.max_images`: BLIP family,
+PaliGemma, LLaVA-1.5, LLaVA-NeXT, Mllama); else no limit when the processor places a second image (probed at
+load: a prompt with two images gets other image tokens than with one: `_places_second_image`), 1 when it does
+not. A value of 2 or more is refused (`BackendInputError`) where the processor places one image only. `iglue-hf`
+gives MaRVL's two photos as two images when the backend takes two, else the side-by-side canvas.
 `self.vqa_frame`: the short-answer VQA frame of the BLIP family's paper (`iglue-hf` xGQA), None for others.
 """
 from __future__ import annotations
@@ -81,7 +84,8 @@ class Family:
     needs_image: bool = False        # the processor cannot run without an image: the blind control gets a blank one
     fallback: str = "image_newline"  # frame without a chat template: "image_newline" (<image>\n per image),
     #                                  "image_prefix" (<image> per image, the processor adds BOS), "as_is" (BLIP)
-    max_images: int | None = None    # a fixed number of images per prompt (None: spec.extra["max_images"], default 1)
+    max_images: int | None = None    # images per prompt of its checkpoints' training when one (model cards); None:
+    #                                  as many as the processor places (probed at load)
     frame_end: str = ""              # what the processor appends after the prompt (PaliGemma: "\n")
     answer_sep: str = " "            # between that and the answer without a chat template (PaliGemma: none)
     continuation_types: int = 0      # token_type_ids of answer tokens (PaliGemma: 1 = the causal suffix)
@@ -92,6 +96,9 @@ FAMILIES = {
     "instructblip": Family(needs_image=True, fallback="as_is", max_images=1),
     "paligemma": Family(needs_image=True, fallback="image_prefix", max_images=1, frame_end="\n", answer_sep="",
                         continuation_types=1),
+    "llava": Family(max_images=1),        # LLaVA-1.5 (LLaVA-Interleave, Pixtral-12B share the type: max_images 2)
+    "llava_next": Family(max_images=1),   # LLaVA-NeXT (1.6)
+    "mllama": Family(max_images=1),       # Llama 3.2 Vision: Meta recommends one image per prompt
 }
 NOT_INPUTS = ("labels",)             # processor outputs that the forward takes but that are not inputs (a loss)
 # per-token keys (shape [B, L, ...]) and how a continuation extends them: a fill value, or "last" (repeat the
@@ -158,8 +165,6 @@ class GenerativeBackend:
             lm = self.lm if self.blip else getattr(inner, "language_model", self.model)
             self.positions = "mask" if "position_ids" in _params(lm.forward) else None
         self.keep_last = {"logits_to_keep": 1} if "logits_to_keep" in _params(self.lm.forward) else {}
-        fixed = self.family.max_images
-        self.max_images = fixed if fixed is not None else int(spec.extra.get("max_images", 1))
         self.letter_spellings = spec.extra.get("letter_spellings", "natural")
         if self.letter_spellings not in LETTER_SPELLINGS:
             raise ValueError(f"letter_spellings {self.letter_spellings!r}: use one of {', '.join(LETTER_SPELLINGS)}")
@@ -168,6 +173,7 @@ class GenerativeBackend:
             "as_is": "fallback: prompt as is (the processor places the image tokens)",
             "image_prefix": "fallback: <image> per image, then the prompt (the processor adds BOS and \\n)",
             "image_newline": "fallback: <image>\\n per image"}[self.family.fallback]
+        self.max_images = self._max_images(spec.extra.get("max_images"))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else self.tokenizer.eos_token_id
         self.device, self.dtype = input_device(self.model), float_dtype(self.model)
@@ -192,6 +198,35 @@ class GenerativeBackend:
                 raise ModelLoadError(f"{self.spec.model}: no image token in its config and the processor's "
                                      f"({image_id}) is outside the LM's {rows}-row vocabulary")
             cfg.image_token_index = image_id
+
+    def _max_images(self, asked) -> int | None:
+        """Images one prompt may carry (None: no limit but the context); the module docstring has the rule."""
+        if asked is not None:
+            if int(asked) >= 2 and not self._places_second_image():
+                raise BackendInputError(f"max_images {asked} (spec.extra / --extra): {self.spec.model}'s processor "
+                                        f"places one image per prompt")
+            return int(asked)
+        if self.family.max_images is not None:
+            return self.family.max_images
+        return None if self._places_second_image() else 1
+
+    def _places_second_image(self) -> bool:
+        """Whether the processor puts a second image of a prompt into the text: the model's image tokens for two
+        blank images differ in number from those for one (most processors: twice as many; LLaVA-OneVision
+        switches to its multi-image mode). BLIP family: the query tokens come once per prompt."""
+        cfg = self.model.config
+        image_id = getattr(cfg, "image_token_id", None)
+        image_id = getattr(cfg, "image_token_index", None) if image_id is None else image_id
+        if self.blip or image_id is None:
+            return False
+
+        def count(n: int) -> int:
+            text = self.render("?", n)
+            enc = self.processor(text=[text], images=[[blank_image()] * n], return_tensors="pt",
+                                 add_special_tokens=self._special_tokens(text))
+            return int((enc["input_ids"] == image_id).sum())
+        one = count(1)
+        return count(2) not in (0, one)
 
     def _qformer_max(self) -> int | None:
         """InstructBLIP: LAVIS truncates the Q-Former's instruction to `max_txt_len` (128) tokens."""
@@ -230,7 +265,7 @@ class GenerativeBackend:
     # ---- batches -----------------------------------------------------------------------------------------------
     def _images(self, images: Sequence[Image.Image | None]) -> list[Image.Image]:
         imgs = [im for im in images if im is not None]
-        if len(imgs) > self.max_images:
+        if self.max_images is not None and len(imgs) > self.max_images:
             raise BackendInputError(f"{self.spec.model}: {len(imgs)} images in one prompt, the model takes at most "
                              f"{self.max_images} (spec.extra['max_images'] for multi-image models)")
         if self.family.needs_image and not imgs:

@@ -22,8 +22,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--device_map", default=None, help="'auto': accelerate spreads a large model")
     parser.add_argument("--extra", type=json_object, default=None, metavar="JSON",
-                        help='backend options (ModelSpec.extra), e.g. \'{"max_images": 2}\' for a multi-image '
-                             'LLaVA-like model or \'{"image_model": "..."}\' for M-CLIP')
+                        help='backend options (ModelSpec.extra), e.g. \'{"max_images": 2}\' for a multi-image model '
+                             'of a type trained on one image (LLaVA-Interleave) or \'{"image_model": "..."}\' '
+                             'for M-CLIP')
     parser.add_argument("--text_base", default=None,
                         help="mclip: the XLM-R config its text tower is built from (default: modelBase of the "
                              "M-CLIP config), a hub id in the local HF cache or a local folder (= extra text_base)")

@@ -47,9 +47,10 @@ def check_capable(task: str, kind_name: str, backend) -> None:
 # --- generative: XVNLI, xGQA, MaRVL ----------------------------------------------------------------------------
 def marvl_layout(backend, requested: str) -> str:
     """`multi` (both images in the prompt) when the model takes two images, else `canvas` (side by side)."""
+    takes_two = backend.max_images is None or backend.max_images >= 2       # None: no limit
     if requested == "auto":
-        return "multi" if backend.max_images >= 2 else "canvas"
-    if requested == "multi" and backend.max_images < 2:
+        return "multi" if takes_two else "canvas"
+    if requested == "multi" and not takes_two:
         raise ValueError(f"--marvl_layout multi: this model takes at most {backend.max_images} image per prompt")
     return requested
 
