@@ -85,6 +85,7 @@ def test_plan_fine_tunes_transfers_and_few_shots_both_kinds(tmp_path):
     assert _after(argv, "--hf_model") == [str(runs / "finetune/clip/xflickrco/seed0/hf_best")]
     assert _after(argv, "--train_annotations_jsonpath") == ["/data/xFlickrCO/annotations/de/train_1.jsonl"]
     assert _after(argv, "--val_annotations_jsonpath") == ["/data/flickr30k/annotations/valid_ann.jsonl"]
+    assert _after(argv, "--task") == ["xflickrco"]       # IGLUE's task (its image template), not English's 8
     assert _after(argv, "--lr") == ["5e-5"] and _after(argv, "--num_epoch") == ["20"]
     assert _after(argv, "--batch_size") == ["1"] and _after(argv, "--images") == ["/img/xfc"]
     assert train.depends_on == [clip_en.id] and "--amp" in argv          # hf.train.flags on every training run
@@ -172,3 +173,77 @@ def test_report_rows_beside_the_zoo(tmp_path):
     assert summary[0] == ["model", "en", "zero-shot", "translate-test", "1-shot"]
     assert summary[1:] == [["uc2", "", "56.0", "", ""], ["llava", "", "41.0", "", ""],
                            ["llava (fine-tuned)", "", "62.0", "", "68.0"]]
+
+
+# --- the example grid end to end, tiny -------------------------------------------------------------------------
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory):
+    """Tiny models and an IGLUE-shaped data root: Flickr30k's English train/valid files and xFlickr&CO's German
+    test and 1-shot files (the same coloured pictures: tests/helpers_hf_train.py)."""
+    root = tmp_path_factory.mktemp("hf_protocol")
+    data, images = make_flickr_root(root, n_train=16, n_val=8)
+    valid = [json.loads(l) for l in (data / "flickr30k/annotations/valid_ann.jsonl").read_text().splitlines()]
+    train = [json.loads(l) for l in (data / "flickr30k/annotations/train_ann.jsonl").read_text().splitlines()]
+    _write_jsonl(data / "xFlickrCO/annotations/de/test.jsonl", valid)
+    _write_jsonl(data / "xFlickrCO/annotations/de/train_1.jsonl", train[:2])
+    return {"root": root, "data": data, "images": images, "clip": build("clip", root / "models")}
+
+
+def tiny_grid(world, out: Path) -> Path:
+    """examples/grids/iglue_hf_protocol.yml with tiny local models, one language, one shot count, 2 rates, CPU."""
+    grid = yaml.safe_load(EXAMPLE.read_text())
+    grid.pop("slurm")
+    grid.pop("train_images")
+    clip = grid["models"]["clip-vit-b32"]["hf"]
+    clip.update(model=str(world["clip"]), device="cpu", batch_size=8)
+    clip["train"] = {"lr": "3e-3", "batch_size": 8, "epochs": 2,
+                     "flags": ["--num_workers", "0", "--num_val_workers", "0", "--hf_val_gallery", "8"]}
+    grid["models"] = {"clip-vit-b32": grid["models"]["clip-vit-b32"]}
+    grid.update(data_root=str(world["data"]), output_dir=str(out), tasks=["xflickrco"], include_english=False,
+                images={"xflickrco": str(world["images"])}, languages={"xflickrco": ["de"]},
+                few_shot_languages={"xflickrco": ["de"]}, shots={"xflickrco": ["1"]}, learning_rates=["1e-4", "1e-5"],
+                num_epoch=1, env={"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    path = out.parent / "grid.yml"
+    path.write_text(yaml.safe_dump(grid))
+    return path
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "volta_ml.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_example_grid_end_to_end_tiny(tiny_world, tmp_path):
+    runs = tmp_path / "runs"
+    grid = tiny_grid(tiny_world, runs)
+    out = _cli("sweep", str(grid), "--local")
+    assert "6 ran, 0 already finished, 0 failed, 0 blocked" in out.stdout
+    result = lambda cell: json.loads((runs / cell / "result.json").read_text())  # noqa: E731
+
+    # the selection is the zoo's: the higher dev score of the two rates' training logs, ties to the first
+    test = result("few_shot_test/clip-vit-b32/xflickrco/de/1/seed0")
+    dev = {lr: result(f"few_shot_train/clip-vit-b32/xflickrco/de/1/seed0/lr{lr}")["metrics"]["dev"]
+           for lr in ("1e-4", "1e-5")}
+    assert test["selected_lr"] == ("1e-4" if dev["1e-4"] >= dev["1e-5"] else "1e-5")
+    chosen = runs / f"few_shot_train/clip-vit-b32/xflickrco/de/1/seed0/lr{test['selected_lr']}/hf_best"
+    assert (runs / "few_shot_test/clip-vit-b32/xflickrco/de/1/seed0/selected/hf_best").resolve() == chosen.resolve()
+    assert test["checkpoint"] == str(chosen.resolve()) and test["variant"] == "fine-tuned"
+
+    _cli("report", str(runs), "--no_plots")
+    for direction in ("ir", "tr"):
+        rows = {r[0]: r[1:] for r in csv.reader((runs / f"report/xFlickrCO_{direction}_0.csv").open())}
+        assert rows["model"] == ["de", "avg"] and set(rows) == {"model", "clip-vit-b32", "clip-vit-b32 (fine-tuned)"}
+        published = result("zero_shot/clip-vit-b32/xflickrco/de")["metrics"][f"{direction}_r1"]
+        tuned = result("zero_shot/clip-vit-b32/xflickrco/de/seed0")["metrics"][f"{direction}_r1"]
+        assert rows["clip-vit-b32"] == [repr(published)] * 2 and rows["clip-vit-b32 (fine-tuned)"] == [repr(tuned)] * 2
+        few = list(csv.reader((runs / f"report/xFlickrCO_{direction}_1.csv").open()))
+        assert few == [["model", "de", "avg"], ["clip-vit-b32 (fine-tuned)"] + [repr(test["metrics"][f"{direction}_r1"])] * 2]
+    assert result("zero_shot/clip-vit-b32/xflickrco/de")["metrics"] != result(
+        "zero_shot/clip-vit-b32/xflickrco/de/seed0")["metrics"]          # the fine-tuning changed the model

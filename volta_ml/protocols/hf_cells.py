@@ -157,7 +157,10 @@ def hf_train_argv(grid, model, task: str, start: str | None, settings: list[str]
     for key in ("lr", "epochs", "batch_size"):
         if start is None and key in hf["train"]:
             english += [TRAIN_KEYS[key], hf["train"][key]]
-    return (grid.commands["train"] + origin + ["--hf_backend", hf["backend"], "--task", TASKS[task].task_id,
+    # English: the training task's id (19: SNLI-VE, 12: NLVR2 and its images, ...); few-shot: IGLUE's task name,
+    # whose files (MaRVL's rows and image folders, ...) the trainer then reads as iglue-hf does
+    task_flag = TASKS[task].task_id if start is None else task
+    return (grid.commands["train"] + origin + ["--hf_backend", hf["backend"], "--task", task_flag,
                                                "--data_root", str(grid.data_root),
                                                *_images(grid, task, training=start is None), "--seed", str(seed)]
             + ADAM_FLAGS + english + settings + list(hf["train"]["flags"])
