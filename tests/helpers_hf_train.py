@@ -54,6 +54,28 @@ def make_flickr_root(root: Path, n_train: int, n_val: int) -> tuple[Path, Path]:
     return data, images
 
 
+def make_xvnli_root(root: Path, n_train: int, n_val: int) -> tuple[Path, Path]:
+    """(data root, image root) of a tiny XVNLI/SNLI-VE task as the shipped config expects it
+    (`XVNLI/annotations/en/train.jsonl`, `dev.jsonl`; images `<Flickr30k id>.jpg`): each picture is one colour
+    and the hypothesis names a colour, entailment when it is the picture's, contradiction otherwise."""
+    data, images = root / "data", root / "images"
+    annotations = data / "XVNLI" / "annotations" / "en"
+    annotations.mkdir(parents=True, exist_ok=True)
+    images.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    names = list(COLOURS)
+    for name, first, count in (("train.jsonl", 0, n_train), ("dev.jsonl", n_train, n_val)):
+        rows = []
+        for i in range(first, first + count):
+            colour, said = names[i % len(names)], names[(i // 2) % len(names)]
+            _picture(colour, colour, rng).save(images / f"{2000 + i}.jpg")
+            rows.append({"gold_label": "entailment" if said == colour else "contradiction",
+                         "sentence1": "a picture", "sentence2": f"the picture is {said}",
+                         "Flikr30kID": f"{2000 + i}.jpg", "pairID": f"{2000 + i}.jpg#0r{i}"})
+        (annotations / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return data, images
+
+
 def train_env(**extra) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_NTASKS", "SLURM_PROCID"):

@@ -281,8 +281,9 @@ def test_bad_input_is_one_line_with_exit_2(tmp_path, models, flickr, capsys, cas
     data, images = flickr
     flag = argv.index
 
-    if case == "generative":
+    if case == "generative":   # a generative model given to the dual-encoder job
         argv[flag("--hf_model") + 1] = str(models["llava"])
+        argv += ["--hf_backend", "clip"]
     elif case == "unknown_family":
         (tmp_path / "bert").mkdir()
         (tmp_path / "bert" / "config.json").write_text(json.dumps({"model_type": "bert"}))

@@ -74,16 +74,31 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available; under torchrun/Slurm "
                                        "each process takes cuda:<local rank>)")
 
-    # --- a Hugging Face dual encoder instead of a VOLTA model (volta_ml/iglue_hf/train.py) ----------------
-    hf = parser.add_argument_group("Hugging Face dual encoders (docs/hf_models.md)")
-    hf.add_argument("--hf_model", default="", help="fine-tune this CLIP / SigLIP / SigLIP-2 folder or hub "
-                                                   "id[@revision] instead of --config_file/--from_pretrained")
-    hf.add_argument("--hf_backend", default=None, help="clip (default, detected from config.json)")
+    # --- a Hugging Face model instead of a VOLTA model (volta_ml/iglue_hf/train.py, train_generative.py) -----
+    hf = parser.add_argument_group("Hugging Face models (docs/hf_models.md)")
+    hf.add_argument("--hf_model", default="", help="fine-tune this Hugging Face folder or hub id[@revision] instead "
+                                                   "of --config_file/--from_pretrained: a CLIP / SigLIP / SigLIP-2 "
+                                                   "dual encoder (contrastive) or a generative model (LoRA)")
+    hf.add_argument("--hf_backend", default=None, help="clip (dual encoders) or mllm (generative models); default: "
+                                                       "detected from config.json")
     hf.add_argument("--images", default="", help="image root of the training and validation images")
     hf.add_argument("--image_template", default=None, help="image path under --images with {id} {file} "
-                                                           "(default per task, as volta-ml iglue-hf)")
+                                                           "(default per task, as volta-ml iglue-hf; NLVR2: {file})")
     hf.add_argument("--hf_val_gallery", type=int, default=100,
-                    help="validation score: text->image R@1 within galleries of this many images")
+                    help="dual encoders' validation score: text->image R@1 within galleries of this many images")
+    hf.add_argument("--gradient_checkpointing", action="store_true",
+                    help="recompute activations in the backward pass (less memory, ~30%% more time)")
+    lora = parser.add_argument_group("LoRA for generative models (volta_ml/iglue_hf/lora.py)")
+    lora.add_argument("--lora_r", type=int, default=8, help="LoRA rank")
+    lora.add_argument("--lora_alpha", type=float, default=16, help="LoRA scale numerator (scale = alpha / r)")
+    lora.add_argument("--lora_dropout", type=float, default=0.05, help="dropout on LoRA's input")
+    lora.add_argument("--lora_target", default=None,
+                      help="comma-separated names of the language model's linear layers LoRA adapts "
+                           "(default per family: q_proj,v_proj)")
+    lora.add_argument("--train_projector", action="store_true",
+                      help="also train the multimodal projector in full (saved with the adapter)")
+    lora.add_argument("--hf_adapter", default="", help="start from this saved adapter folder (e.g. <run dir>/hf_best "
+                                                       "of an English run, for few-shot) instead of a new LoRA")
     return parser
 
 

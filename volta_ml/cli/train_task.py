@@ -70,8 +70,11 @@ def _run(args, build_job: Callable[[object, DistInfo], TrainJob], prog: str) -> 
 
 
 def build_task_job(args, info: DistInfo) -> TrainJob:
-    if args.hf_model:  # a Hugging Face dual encoder (docs/hf_models.md)
-        from volta_ml.iglue_hf.train import build_dual_encoder_job
+    if args.hf_model:  # a Hugging Face dual encoder or generative model (docs/hf_models.md)
+        from volta_ml.iglue_hf.train import build_dual_encoder_job, model_spec, training_kind
+        if training_kind(model_spec(args), args.hf_backend) == "generative":
+            from volta_ml.iglue_hf.train_generative import build_generative_job
+            return build_generative_job(args, info)
         return build_dual_encoder_job(args, info)
     from volta_ml.engine.task_job import build_task_job as build
     return build(args, info)

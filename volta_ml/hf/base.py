@@ -29,6 +29,8 @@ Refinements made while implementing (no signature changed; all additions are opt
 - Generative backends also carry `prompt_format` ("chat_template" or "fallback: ...", to record with results)
   and `choice_ids(choices)`; a blind prompt on a LLaVA-like model has no image at all, BLIP-family models get
   `volta_ml.hf.loading.blank_image()` (uniform grey), as do the dual encoders for a `None` image.
+- `ModelSpec.adapter`: a folder written by peft's `save_pretrained` (`volta-ml train --hf_backend mllm` writes
+  one, `<run dir>/hf_best`); the generative backend applies it to the loaded model (`loading.attach_adapter`).
 - Backends accept an already built model/processor (`ClipBackend(spec, model, processor)`,
   `GenerativeBackend(spec, model, processor)`, `MClipBackend(spec, parts)`) for random-weight benchmarks.
 """
@@ -50,6 +52,7 @@ class ModelSpec:
     device_map: str | None = None   # "auto": accelerate spreads a model larger than one GPU
     extra: dict = field(default_factory=dict)  # backend-specific options (e.g. M-CLIP's image tower)
     allow_missing_keys: bool = False  # load weights that miss / add tensors (recorded; otherwise refused)
+    adapter: str | None = None      # generative models: a peft (LoRA) adapter folder applied on top of the model
 
 
 @runtime_checkable

@@ -157,3 +157,26 @@ def input_device(model: torch.nn.Module) -> torch.device:
 
 def float_dtype(model: torch.nn.Module) -> torch.dtype:
     return next(p.dtype for p in model.parameters() if p.is_floating_point())
+
+
+ADAPTER_FILES = ("adapter_config.json",)   # what peft's save_pretrained always writes
+
+
+def attach_adapter(model: torch.nn.Module, path: str, trainable: bool = False):
+    """The peft adapter folder `path` (LoRA, written by `save_pretrained`) injected into `model` in place; returns
+    the `PeftModel` around it. `model` itself then computes with the adapter (its linear layers are replaced by
+    LoRA layers), so a backend holding it needs no other change. One-line `ModelLoadError` when the folder is
+    missing, is not an adapter, or does not fit the model."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ModelLoadError(f"adapter folder {path} does not exist")
+    if not all((folder / name).is_file() for name in ADAPTER_FILES):
+        raise ModelLoadError(f"adapter folder {path} has no adapter_config.json (not a peft save_pretrained folder)")
+    try:
+        from peft import PeftModel
+    except ImportError as e:
+        raise ModelLoadError(f"adapter {path}: the Python package 'peft' is not installed (pip install peft)") from e
+    try:
+        return PeftModel.from_pretrained(model, str(folder), is_trainable=trainable)
+    except (ValueError, KeyError, RuntimeError, OSError, SafetensorError) as e:
+        raise ModelLoadError(f"adapter {path}: cannot apply it to this model ({one_line(e)})") from None

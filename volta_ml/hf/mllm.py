@@ -66,7 +66,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .base import LETTER_SPELLINGS, BackendInputError, ChoiceTokenError, ModelSpec
-from .loading import ModelLoadError, blank_image, float_dtype, input_device, load_model, load_processor
+from .loading import (ModelLoadError, attach_adapter, blank_image, float_dtype, input_device, load_model,
+                      load_processor)
 
 QUERY_PREPENDED = ("Blip2ForConditionalGeneration", "InstructBlipForConditionalGeneration")  # BLIP family
 LM_KEYS = ("input_ids", "attention_mask")
@@ -134,6 +135,8 @@ class GenerativeBackend:
         self.model = model if model is not None else \
             load_model(AutoModelForImageTextToText, spec, "a generative image-text model")
         self.processor = processor if processor is not None else load_processor(AutoProcessor, spec)
+        if spec.adapter:   # a LoRA adapter (volta-ml train --hf_backend mllm): injected into self.model in place
+            attach_adapter(self.model, spec.adapter).eval()
         self.tokenizer = self.processor.tokenizer
         cfg = self.model.config
         self.family = FAMILIES.get(cfg.model_type, Family())
@@ -301,6 +304,50 @@ class GenerativeBackend:
         if self.positions == "mask":
             kw["position_ids"] = _positions(batch["attention_mask"])
         return self.model(**batch, **kw)
+
+    # ---- inputs + answers, for training (volta_ml/iglue_hf/train_generative.py) ------------------------------
+    def encode(self, images, prompts) -> dict:
+        """The model inputs of a batch whose prompts all carry the same number of images: what the scoring methods
+        give the model for these prompts (one processor call, left padding)."""
+        if len(self._groups(images)) > 1:
+            raise BackendInputError(f"{self.spec.model}: a batch mixes prompts with different numbers of images")
+        return self._batch(images, prompts)
+
+    def append_continuations(self, batch: dict, continuations: Sequence[torch.Tensor]) -> tuple[dict, torch.Tensor,
+                                                                                                torch.Tensor]:
+        """(inputs, ids, mask): the prompt batch with row i's continuation token ids after its prompt, each row
+        [left pads][prompt][continuation][right pads] (decoder-only LMs); per-token keys extended as a KV-cache
+        continuation extends them. `ids` / `mask` [B, W]: the continuations right-padded, 1 on real tokens."""
+        ids, mask = self._cont_batch(list(continuations))
+        full = dict(batch, input_ids=torch.cat([batch["input_ids"], ids], 1),
+                    attention_mask=torch.cat([batch["attention_mask"], mask], 1),
+                    **self._per_token(batch, ids.shape[1], only_new=False))
+        return full, ids, mask
+
+    def continuation_logits(self, full: dict, width: int, **kw) -> torch.Tensor:
+        """[B, width, V] logits predicting the last `width` positions of `full` (from `append_continuations`):
+        one forward of the whole model, only the logits needed computed where the model allows it."""
+        keep = {"logits_to_keep": width + 1} if self.keep_last else {}
+        return self._forward(full, **keep, **kw).logits[:, -width - 1:-1]
+
+    def reply_ids(self, prompt: str, answer: str, num_images: int = 1) -> list[int]:
+        """The tokens the model writes to answer `answer` and end its turn, as `continuation_ids`: with a chat
+        template, the assistant turn it renders after the generation prompt, cut after the tokenizer's EOS (the
+        end-of-turn token `generate` stops at); without one, the answer after the family's separator, then EOS."""
+        eos = str(self.tokenizer.eos_token or "")
+        if self.prompt_format == "chat_template":
+            head = self.render(prompt, num_images)
+            full = self.processor.apply_chat_template(self._conversation(prompt, 0 if self.blip else num_images, answer),
+                                                      add_generation_prompt=False, tokenize=False)
+            if not full.startswith(head):
+                raise ValueError(f"{self.spec.model}: its chat template renders an answered conversation that does "
+                                 "not start with the generation prompt; it cannot be trained on answers")
+            reply = full[len(head):]
+            if eos and eos in reply:
+                reply = reply[:reply.index(eos) + len(eos)]
+        else:
+            reply = self.family.answer_sep + answer + eos
+        return self.continuation_ids(prompt, reply, num_images)
 
     def _start(self, n: int) -> torch.Tensor:
         start = self.model.config.get_text_config().decoder_start_token_id
@@ -482,13 +529,8 @@ class GenerativeBackend:
                 logits = self.model(**batch, decoder_input_ids=dec_in).logits
                 sums[:, j] = self._gather(logits, ids, mask)
                 continue
-            width = ids.shape[1]
-            full = dict(batch, input_ids=torch.cat([batch["input_ids"], ids], 1),
-                        attention_mask=torch.cat([batch["attention_mask"], mask], 1),
-                        **self._per_token(batch, width, only_new=False))
-            keep = {"logits_to_keep": width + 1} if self.keep_last else {}
-            pred = self._forward(full, **keep).logits[:, -width - 1:-1]
-            sums[:, j] = self._gather(pred, ids, mask)
+            full, ids, mask = self.append_continuations(batch, conts)
+            sums[:, j] = self._gather(self.continuation_logits(full, ids.shape[1]), ids, mask)
         return sums.flatten()
 
     @torch.inference_mode()

@@ -2,7 +2,8 @@
 
 The field rules are the zoo loaders' (`volta_ml/tasks/*.py`): XVNLI keeps `sentence2` as the hypothesis and a
 `-` gold label counts as wrong; xGQA reads a GQA-format question JSON (questionId -> question, imageId,
-answer); MaRVL reads `caption`, `left_img`, `right_img`, `label` (a JSON boolean); retrieval (xFlickr&CO, WIT)
+answer); MaRVL reads `caption`, `left_img`, `right_img`, `label` (a JSON boolean), and NLVR2's own rows
+(`identifier`, `sentence`, `label` "True"/"False", the English training data of MaRVL); retrieval (xFlickr&CO, WIT)
 keeps every caption with the index of its image, images unique in file order.
 """
 from __future__ import annotations
@@ -50,8 +51,18 @@ def read_xgqa(path: str, lang: str) -> list[Example]:
 
 
 def read_marvl(path: str, lang: str) -> list[Example]:
+    """MaRVL rows, or NLVR2 rows (`identifier`, `sentence`, `label` "True"/"False"; the images are
+    `<identifier without its last field>-img0.png` / `-img1.png`), as the zoo's loader reads both."""
     out = []
     for index, (line_no, row) in enumerate(read_jsonl(path)):
+        if "identifier" in row and "caption" not in row:
+            identifier = str(require(row, "identifier", path, line_no))
+            stem = "-".join(identifier.split("-")[:-1])
+            refs = tuple(ImageRef(f"{stem}-img{k}", f"{stem}-img{k}.png", lang=lang) for k in (0, 1))
+            true = require(row, "label", path, line_no) != "False"     # NLVR2: anything but "False" is true
+            out.append(Example(identifier, refs, str(require(row, "sentence", path, line_no)),
+                               "true" if true else "false", line_no))
+            continue
         label = require(row, "label", path, line_no)
         if not (isinstance(label, bool) or label in (0, 1)):
             raise AnnotationError(f"{path}:{line_no}: MaRVL label must be a JSON boolean, got {label!r}")

@@ -38,7 +38,7 @@ DEFAULTS = {"rule": None, "annotations": None, "data_root": None, "image_templat
             "chunk_size": 64, "max_new_tokens": 10, "marvl_layout": "auto", "name": None, "revision": None,
             "dtype": "fp32", "device": "cpu", "device_map": None, "work_dir": None, "no_resume": False,
             "keep_chunks": False, "record": True, "progress": True, "vocabulary": None, "local_rank": -1,
-            "extra": None, "allow_missing_keys": False, "text_base": None}
+            "extra": None, "allow_missing_keys": False, "text_base": None, "adapter": None}
 REQUIRED = ("task", "backend", "model", "lang", "protocol", "images", "output_dir")
 
 
@@ -62,7 +62,8 @@ def load_backend(kind: str, model: str, options: dict):
     return load(kind, ModelSpec(model=model, revision=options["revision"], dtype=options["dtype"],
                                 device=options["device"], device_map=options["device_map"],
                                 extra=dict(options["extra"] or {}),
-                                allow_missing_keys=bool(options["allow_missing_keys"])))
+                                allow_missing_keys=bool(options["allow_missing_keys"]),
+                                adapter=options["adapter"]))
 
 
 def run_iglue_hf(options: dict, backend=None) -> dict | None:
@@ -77,6 +78,8 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
     if protocol not in PROTOCOLS:
         raise KeyError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
     rule = opts["rule"] or DEFAULT_RULES[task]
+    if opts["adapter"] and opts["backend"] != "mllm":
+        raise KeyError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {opts['backend']})")
     annotation = annotation_path(task, lang, protocol, opts["data_root"], opts["annotations"])
     data = read_task(task, annotation, lang)
     source = ImageSource(opts["images"], opts["image_template"] or DEFAULT_TEMPLATES[task])
@@ -90,7 +93,7 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
                                               opts["images"]),
                    "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
                    "backend": opts["backend"], "prompts": PROMPTS_VERSION, "batch_size": opts["batch_size"],
-                   "extra": opts["extra"] or {}, **model_contents(opts)}
+                   "extra": opts["extra"] or {}, "adapter": opts["adapter"], **model_contents(opts)}
     info = init_distributed(opts["local_rank"], None if opts["device_map"] else opts["device"])
     try:
         if backend is None:       # each rank on its own device (cuda:<local rank> under torchrun / srun)
@@ -115,9 +118,9 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         seconds = time.time() - started
         results = {
             "task": task, "title": TASKS[task].title, "lang": lang, "protocol": PROTOCOLS[protocol],
-            "model": opts["name"] or _model_name(opts["model"]), "backend": opts["backend"],
+            "model": opts["name"] or _model_name(opts["model"], opts["adapter"]), "backend": opts["backend"],
             "spec": {"model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
-                     "extra": opts["extra"] or {}},
+                     "extra": opts["extra"] or {}, "adapter": opts["adapter"]},
             "rule": rule, "prompts_version": PROMPTS_VERSION, "annotations": annotation,
             "image_root": str(opts["images"]), "image_template": source.template, "split": split,
             "world_size": info.world_size, "seconds": round(seconds, 3), **result,
@@ -144,16 +147,24 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
 
 def model_contents(opts: dict) -> dict:
     """The resume key of the model: its files' sizes and hashes (local folder) or resolved commit (hub id), and
-    the same for M-CLIP's image tower (`extra.image_model`): new weights at the same path are never mixed in."""
+    the same for M-CLIP's image tower (`extra.image_model`) and a LoRA adapter (`adapter`): new weights at the
+    same path are never mixed in."""
     extra = opts["extra"] or {}
     out = {"model_content": content_fingerprint(opts["model"], opts["revision"])}
+    if opts.get("adapter"):
+        out["adapter_content"] = content_fingerprint(opts["adapter"])
     if extra.get("image_model"):
         out["image_model_content"] = content_fingerprint(extra["image_model"], extra.get("image_revision"))
     return out
 
 
-def _model_name(model: str) -> str:
-    return Path(model.rstrip("/")).name or model
+def _model_name(model: str, adapter: str | None = None) -> str:
+    """The row name: the model folder's name, + the training run's folder name with an adapter (`hf_best`'s parent)."""
+    name = Path(model.rstrip("/")).name or model
+    if adapter:
+        folder = Path(adapter.rstrip("/"))
+        name += "+" + (folder.parent.name if folder.name == "hf_best" else folder.name)
+    return name
 
 
 def _gqa_vocabulary(data_root: str | None) -> list[str]:

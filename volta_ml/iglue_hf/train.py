@@ -61,47 +61,70 @@ def model_spec(args):
     return ModelSpec(model=model, revision=revision, device="cpu")
 
 
-def dual_encoder_loss(spec, backend: str | None) -> str:
-    """The loss the model was trained with, from its config.json `model_type`; one-line errors otherwise."""
+def model_type(spec) -> str | None:
+    """config.json's `model_type` (one-line error when the folder or its config cannot be read)."""
     from volta_ml.hf.loading import ModelLoadError, read_config
-    if backend not in (None, "clip", "mclip", "mllm"):
-        raise UsageError(f"--hf_backend {backend!r}: unknown; known: clip (CLIP, SigLIP, SigLIP-2), mclip, mllm")
-    if backend == "mllm":
-        raise UsageError("--hf_backend mllm: fine-tuning generative models is not implemented yet; "
-                         "volta-ml train fine-tunes dual encoders (--hf_backend clip)")
     try:
-        model_type = read_config(spec).get("model_type")
+        return read_config(spec).get("model_type")
     except ModelLoadError as error:
         raise UsageError(str(error)) from None
-    if backend == "mclip" or model_type == "M-CLIP":
+
+
+def training_kind(spec, backend: str | None) -> str:
+    """"generative" (LoRA, `train_generative.py`) or "dual encoder" (this module), from `--hf_backend` or, without
+    it, from config.json's `model_type` (a generative family of `lora.FAMILIES`)."""
+    from .lora import FAMILIES
+    if backend not in (None, "clip", "mclip", "mllm"):
+        raise UsageError(f"--hf_backend {backend!r}: unknown; known: clip (CLIP, SigLIP, SigLIP-2), mclip, mllm")
+    if backend == "mllm" or (backend is None and model_type(spec) in FAMILIES):
+        return "generative"
+    return "dual encoder"
+
+
+def dual_encoder_loss(spec, backend: str | None) -> str:
+    """The loss the model was trained with, from its config.json `model_type`; one-line errors otherwise."""
+    from .lora import FAMILIES
+    kind = model_type(spec)
+    if backend == "mclip" or kind == "M-CLIP":
         raise UsageError(f"{spec.model}: M-CLIP fine-tuning is not implemented yet (its text tower was "
                          "distilled, not trained contrastively); CLIP, SigLIP and SigLIP-2 are")
-    if model_type not in LOSSES:
-        raise UsageError(f"{spec.model}: model_type {model_type!r} is not a dual encoder volta-ml can fine-tune "
-                         f"(known: {', '.join(LOSSES)}); generative models are not trainable yet")
-    return LOSSES[model_type]
+    if kind not in LOSSES:
+        raise UsageError(f"{spec.model}: model_type {kind!r} is not a dual encoder volta-ml can fine-tune "
+                         f"(known: {', '.join(LOSSES)}; generative families, --hf_backend mllm: {', '.join(FAMILIES)})")
+    return LOSSES[kind]
 
 
-def retrieval_entry(args) -> tuple[str, dict]:
-    """(task id, resolved task config entry) for `--task`; a task a dual encoder cannot train on is an error."""
+def task_entry(args, trainable: dict, refusal: str) -> tuple[str, dict]:
+    """(task id, resolved task config entry) for `--task` (a number or an IGLUE name) from the shipped IGLUE task
+    config (or --tasks_config_file); a task not in `trainable` is `refusal` (formatted with key and name)."""
     from volta_ml.protocols.iglue import TASKS
     from volta_ml.tasks.config import PathResolver, get_task_entry, load_task_config
     task = str(args.task).strip().lower().removeprefix("task")
     task = TASKS[task].task_id if task in TASKS else task
     config_file = HF_TASKS_CONFIG if args.tasks_config_file == DEFAULT_TASKS_CONFIG else args.tasks_config_file
     key, entry = get_task_entry(load_task_config(config_file), task)
-    if task not in TRAINABLE:
-        raise UsageError(f"--task {args.task}: {key} ({entry['name']}) is not a retrieval task; a dual encoder "
-                         "fine-tunes on --task 8 (xFlickrCO: Flickr30k's train file) or --task 20 (WIT)")
+    if task not in trainable:
+        raise UsageError(f"--task {args.task}: " + refusal.format(key=key, name=entry["name"]))
     return key, PathResolver(args.data_root, args.path_map).resolve_entry(entry)
 
 
-def image_source(args, task_key: str) -> ImageSource:
+def retrieval_entry(args) -> tuple[str, dict]:
+    """`task_entry` for a dual encoder: a task it cannot train on is an error."""
+    return task_entry(args, TRAINABLE, "{key} ({name}) is not a retrieval task; a dual encoder fine-tunes on "
+                                       "--task 8 (xFlickrCO: Flickr30k's train file) or --task 20 (WIT)")
+
+
+def run_name(entry: dict, spec, args) -> str:
+    """`<task name>_<model folder name>[-<save_name>]`, the engine's run directory name for an HF model."""
+    return f"{entry['name']}_{Path(spec.model.rstrip('/')).name}" + (f"-{args.save_name}" if args.save_name else "")
+
+
+def image_source(args, default_template: str) -> ImageSource:
     if not args.images:
         raise UsageError("--hf_model: give --images, the folder of the training and validation images")
     if not Path(args.images).is_dir():
         raise UsageError(f"--images {args.images}: no such folder")
-    return ImageSource(args.images, args.image_template or DEFAULT_TEMPLATES[task_key])
+    return ImageSource(args.images, args.image_template or default_template)
 
 
 # --- data --------------------------------------------------------------------------------------------------------
@@ -200,13 +223,20 @@ def _gallery_loss_and_score(loss, text, image, scale, bias, gallery):
 
 # --- export ------------------------------------------------------------------------------------------------------
 def export_pretrained(model: DualEncoderForTraining, processor, run_dir: Path) -> None:
-    """`<run dir>/hf_best`: save_pretrained into a temporary folder, then swapped in, so a kill during the
+    """`<run dir>/hf_best`: the model and its processor (save_pretrained), written by `export_atomically`."""
+    def write(folder: Path) -> None:
+        model.hf.save_pretrained(folder)
+        processor.save_pretrained(folder)
+    export_atomically(run_dir, write)
+
+
+def export_atomically(run_dir: Path, write) -> None:
+    """`write(folder)` into a temporary folder, then swapped in as `<run dir>/hf_best`, so a kill during the
     write leaves the previous best folder whole (at worst under `.hf_best.old`, which the next export removes)."""
     final, tmp, old = run_dir / EXPORT_DIR, run_dir / f".{EXPORT_DIR}.tmp", run_dir / f".{EXPORT_DIR}.old"
     for stale in (tmp, old):
         shutil.rmtree(stale, ignore_errors=True)
-    model.hf.save_pretrained(tmp)
-    processor.save_pretrained(tmp)
+    write(tmp)
     if final.exists():
         final.rename(old)
     tmp.rename(final)
@@ -224,7 +254,7 @@ def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
     loss = dual_encoder_loss(spec, args.hf_backend)
     task_id, entry = retrieval_entry(args)
     task_key = TRAINABLE[task_id.removeprefix("TASK")]
-    source = image_source(args, task_key)
+    source = image_source(args, DEFAULT_TEMPLATES[task_key])
     if args.hf_val_gallery < 2:
         raise UsageError(f"--hf_val_gallery {args.hf_val_gallery}: a gallery needs at least 2 images")
     resolve_hyperparameters(args, entry, info.world_size)
@@ -245,7 +275,9 @@ def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
     train_set = PairDataset(data["train"], source, processor.image_processor, args.seed)
     val_set = GalleryDataset(data["val"], source, processor.image_processor, args.hf_val_gallery)
 
-    name = f"{entry['name']}_{Path(spec.model.rstrip('/')).name}" + (f"-{args.save_name}" if args.save_name else "")
+    if args.gradient_checkpointing:
+        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    name = run_name(entry, spec, args)
     run_dir = Path(args.output_dir) / name
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
