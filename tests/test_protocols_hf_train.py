@@ -16,7 +16,8 @@ import yaml
 
 from conftest import REPO
 from helpers_hf import build
-from helpers_hf_train import make_flickr_root
+from helpers_hf_train import make_flickr_root, make_xvnli_root
+from helpers_vlm_families import build_family, shared_root
 from volta_ml.protocols.errors import GridError
 from volta_ml.protocols.grid import load_grid
 from volta_ml.protocols.runners import plan_cells
@@ -181,32 +182,43 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory):
-    """Tiny models and an IGLUE-shaped data root: Flickr30k's English train/valid files and xFlickr&CO's German
-    test and 1-shot files (the same coloured pictures: tests/helpers_hf_train.py)."""
+    """Tiny models (CLIP; Qwen2-VL, built once per session for every test that wants it) and one IGLUE-shaped data
+    root: Flickr30k's and SNLI-VE's English train/dev files, xFlickr&CO's German and XVNLI's Arabic test and
+    1-shot files, all on the coloured pictures of tests/helpers_hf_train.py (one image folder)."""
     root = tmp_path_factory.mktemp("hf_protocol")
     data, images = make_flickr_root(root, n_train=16, n_val=8)
-    valid = [json.loads(l) for l in (data / "flickr30k/annotations/valid_ann.jsonl").read_text().splitlines()]
-    train = [json.loads(l) for l in (data / "flickr30k/annotations/train_ann.jsonl").read_text().splitlines()]
-    _write_jsonl(data / "xFlickrCO/annotations/de/test.jsonl", valid)
-    _write_jsonl(data / "xFlickrCO/annotations/de/train_1.jsonl", train[:2])
-    return {"root": root, "data": data, "images": images, "clip": build("clip", root / "models")}
+    make_xvnli_root(root, n_train=16, n_val=8)
+    for task, lang, train, dev in (("xFlickrCO", "de", "flickr30k/annotations/train_ann.jsonl",
+                                    "flickr30k/annotations/valid_ann.jsonl"),
+                                   ("XVNLI", "ar", "XVNLI/annotations/en/train.jsonl", "XVNLI/annotations/en/dev.jsonl")):
+        _write_jsonl(data / f"{task}/annotations/{lang}/test.jsonl", _read_jsonl(data / dev))
+        _write_jsonl(data / f"{task}/annotations/{lang}/train_1.jsonl", _read_jsonl(data / train)[:2])
+    return {"root": root, "data": data, "images": images, "clip": build("clip", root / "models"),
+            "generative": build_family("qwen2-vl", shared_root())}
 
 
 def tiny_grid(world, out: Path) -> Path:
-    """examples/grids/iglue_hf_protocol.yml with tiny local models, one language, one shot count, 2 rates, CPU."""
+    """examples/grids/iglue_hf_protocol.yml with tiny local models (the generative one a Qwen2-VL: the mllm backend
+    like LLaVA), one task and language per model, one shot count, 2 rates, CPU."""
     grid = yaml.safe_load(EXAMPLE.read_text())
     grid.pop("slurm")
     grid.pop("train_images")
-    clip = grid["models"]["clip-vit-b32"]["hf"]
-    clip.update(model=str(world["clip"]), device="cpu", batch_size=8)
-    clip["train"] = {"lr": "3e-3", "batch_size": 8, "epochs": 2,
-                     "flags": ["--num_workers", "0", "--num_val_workers", "0", "--hf_val_gallery", "8"]}
-    grid["models"] = {"clip-vit-b32": grid["models"]["clip-vit-b32"]}
-    grid.update(data_root=str(world["data"]), output_dir=str(out), tasks=["xflickrco"], include_english=False,
-                images={"xflickrco": str(world["images"])}, languages={"xflickrco": ["de"]},
-                few_shot_languages={"xflickrco": ["de"]}, shots={"xflickrco": ["1"]}, learning_rates=["1e-4", "1e-5"],
+    workers = ["--num_workers", "0", "--num_val_workers", "0"]
+    clip, llava = grid["models"]["clip-vit-b32"]["hf"], grid["models"]["llava-1.5-7b"]["hf"]
+    clip.update(model=str(world["clip"]), device="cpu", batch_size=8,
+                train={"lr": "3e-3", "batch_size": 8, "epochs": 2, "flags": workers + ["--hf_val_gallery", "8"]})
+    llava.update(model=str(world["generative"]), dtype="fp32", device="cpu", batch_size=8,
+                 train={"lr": "2e-2", "batch_size": 8, "epochs": 1, "flags": workers + ["--lora_r", "4"]})
+    tasks = {"xflickrco": "de", "xvnli": "ar"}
+    grid.update(data_root=str(world["data"]), output_dir=str(out), tasks=list(tasks), include_english=False,
+                images={t: str(world["images"]) for t in tasks}, languages={t: [l] for t, l in tasks.items()},
+                few_shot_languages={t: [l] for t, l in tasks.items()}, shots=["1"], learning_rates=["1e-4", "1e-5"],
                 num_epoch=1, env={"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
     path = out.parent / "grid.yml"
     path.write_text(yaml.safe_dump(grid))
@@ -224,26 +236,33 @@ def test_example_grid_end_to_end_tiny(tiny_world, tmp_path):
     runs = tmp_path / "runs"
     grid = tiny_grid(tiny_world, runs)
     out = _cli("sweep", str(grid), "--local")
-    assert "6 ran, 0 already finished, 0 failed, 0 blocked" in out.stdout
-    result = lambda cell: json.loads((runs / cell / "result.json").read_text())  # noqa: E731
-
-    # the selection is the zoo's: the higher dev score of the two rates' training logs, ties to the first
-    test = result("few_shot_test/clip-vit-b32/xflickrco/de/1/seed0")
-    dev = {lr: result(f"few_shot_train/clip-vit-b32/xflickrco/de/1/seed0/lr{lr}")["metrics"]["dev"]
-           for lr in ("1e-4", "1e-5")}
-    assert test["selected_lr"] == ("1e-4" if dev["1e-4"] >= dev["1e-5"] else "1e-5")
-    chosen = runs / f"few_shot_train/clip-vit-b32/xflickrco/de/1/seed0/lr{test['selected_lr']}/hf_best"
-    assert (runs / "few_shot_test/clip-vit-b32/xflickrco/de/1/seed0/selected/hf_best").resolve() == chosen.resolve()
-    assert test["checkpoint"] == str(chosen.resolve()) and test["variant"] == "fine-tuned"
-
+    assert "12 ran, 0 already finished, 0 failed, 0 blocked" in out.stdout
     _cli("report", str(runs), "--no_plots")
-    for direction in ("ir", "tr"):
-        rows = {r[0]: r[1:] for r in csv.reader((runs / f"report/xFlickrCO_{direction}_0.csv").open())}
-        assert rows["model"] == ["de", "avg"] and set(rows) == {"model", "clip-vit-b32", "clip-vit-b32 (fine-tuned)"}
-        published = result("zero_shot/clip-vit-b32/xflickrco/de")["metrics"][f"{direction}_r1"]
-        tuned = result("zero_shot/clip-vit-b32/xflickrco/de/seed0")["metrics"][f"{direction}_r1"]
-        assert rows["clip-vit-b32"] == [repr(published)] * 2 and rows["clip-vit-b32 (fine-tuned)"] == [repr(tuned)] * 2
-        few = list(csv.reader((runs / f"report/xFlickrCO_{direction}_1.csv").open()))
-        assert few == [["model", "de", "avg"], ["clip-vit-b32 (fine-tuned)"] + [repr(test["metrics"][f"{direction}_r1"])] * 2]
+    result = lambda cell: json.loads((runs / cell / "result.json").read_text())  # noqa: E731
+    table = lambda stem: list(csv.reader((runs / "report" / f"{stem}.csv").open()))  # noqa: E731
+
+    for model, task, lang, stems in (("clip-vit-b32", "xflickrco", "de", {"xFlickrCO_ir": "ir_r1", "xFlickrCO_tr": "tr_r1"}),
+                                     ("llava-1.5-7b", "xvnli", "ar", {"XVNLI": "score"})):
+        # few-shot: the zoo's selection (the higher dev score of the rates' training logs, ties to the first)
+        base = f"{model}/{task}/{lang}/1/seed0"
+        test = result(f"few_shot_test/{base}")
+        dev = {lr: result(f"few_shot_train/{base}/lr{lr}")["metrics"]["dev"] for lr in ("1e-4", "1e-5")}
+        assert test["selected_lr"] == ("1e-4" if dev["1e-4"] >= dev["1e-5"] else "1e-5")
+        chosen = (runs / f"few_shot_train/{base}/lr{test['selected_lr']}/hf_best").resolve()
+        assert (runs / f"few_shot_test/{base}/selected/hf_best").resolve() == chosen
+        assert test["checkpoint"] == str(chosen) and test["variant"] == "fine-tuned"
+        published, tuned = result(f"zero_shot/{model}/{task}/{lang}"), result(f"zero_shot/{model}/{task}/{lang}/seed0")
+        # IGLUE's tables: the published model's zero-shot row, the fine-tuned row (transfer, few-shot)
+        for stem, metric in stems.items():
+            assert table(f"{stem}_0")[1:] == [[model] + [repr(published["metrics"][metric])] * 2,
+                                              [f"{model} (fine-tuned)"] + [repr(tuned["metrics"][metric])] * 2]
+            assert table(f"{stem}_1") == [["model", lang, "avg"],
+                                          [f"{model} (fine-tuned)"] + [repr(test["metrics"][metric])] * 2]
+            summary = table(f"{stem}_summary")
+            assert summary[0] == ["model", "en", "zero-shot", "translate-test", "1-shot"]
+            assert summary[1:] == [[model, "", repr(published["metrics"][metric]), "", ""],
+                                   [f"{model} (fine-tuned)", "", repr(tuned["metrics"][metric]), "",
+                                    repr(test["metrics"][metric])]]
+    # the English fine-tuning changed the dual encoder's retrieval (the tiny generative model may tie at chance)
     assert result("zero_shot/clip-vit-b32/xflickrco/de")["metrics"] != result(
-        "zero_shot/clip-vit-b32/xflickrco/de/seed0")["metrics"]          # the fine-tuning changed the model
+        "zero_shot/clip-vit-b32/xflickrco/de/seed0")["metrics"]
