@@ -102,6 +102,15 @@ def test_plan_fine_tunes_transfers_and_few_shots_both_kinds(tmp_path):
     assert test.protocol == "few_shot" and test.shot == "1" and test.extra["variant"] == "fine-tuned"
 
 
+def test_translate_test_has_both_rows_too(tmp_path):
+    cells = {c.id: c for c in plan_cells(load_grid(_grid(tmp_path, protocols=["translate_test"])))}
+    assert not any(i.startswith("few_shot") for i in cells)
+    published, tuned = cells["translate_test/llava/xvnli/ar"], cells["translate_test/llava/xvnli/ar/seed0"]
+    assert _after(published.commands[0].argv, "--protocol") == ["translate-test"] and not published.depends_on
+    assert _after(tuned.commands[0].argv, "--adapter") == [str(tmp_path / "runs/finetune/llava/xvnli/seed0/hf_best")]
+    assert tuned.depends_on == ["finetune/llava/xvnli/seed0"] and tuned.extra["variant"] == "fine-tuned"
+
+
 def test_hf_training_cells_become_slurm_stages(tmp_path):
     from volta_ml.protocols.slurm import write_slurm
 
