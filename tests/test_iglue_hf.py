@@ -351,11 +351,11 @@ def test_grid_rejects_hf_models_in_training_protocols(world, tmp_path):
     path = tmp_path / "g.yml"
     path.write_text(yaml.safe_dump(dict(base, protocols=["few_shot"], models={"m": {"hf": {"backend": "mllm",
                                                                                           "model": "x"}}})))
-    with pytest.raises(GridError, match="Hugging Face models run zero_shot and translate_test only"):
+    with pytest.raises(GridError, match="few_shot starts from the English fine-tuned model; give hf.train"):
         plan_cells(load_grid(path))
     proc = subprocess.run([sys.executable, "-m", "volta_ml.cli", "sweep", str(path)], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
-    assert proc.returncode == 2 and "zero_shot and translate_test only" in proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "give hf.train" in proc.stderr.strip().splitlines()[-1]
     path.write_text(yaml.safe_dump(dict(base, models={"m": {"hf": {"backend": "mllm", "model": "x", "dtyp": 1}}})))
     with pytest.raises(GridError, match=r"models.m.hf: unknown key\(s\) \['dtyp'\]"):
         load_grid(path)

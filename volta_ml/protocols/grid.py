@@ -21,7 +21,7 @@ COMMAND_KINDS = ("train", "eval", "eval_retrieval", "gqa_score", "cvqa_score", "
 TOP_KEYS = {"name", "data_root", "output_dir", "task_configs", "checkpoint_root", "models", "tasks", "protocols",
             "languages", "few_shot_languages", "shots", "learning_rates", "seeds", "include_english",
             "num_epoch", "commands", "extra_flags", "paths", "env", "pass_data_root", "slurm", "python", "cvqa",
-            "images", "image_templates"}   # images*: Hugging Face models (hf_cells.py)
+            "images", "image_templates", "train_images", "train_image_templates"}   # Hugging Face models (hf_cells.py)
 MODEL_KEYS = {"config", "bert_model", "do_lower_case", "is_m3p", "features", "finetuned", "pretrained", "hf"}
 EXTRA_FLAG_KINDS = set(COMMAND_KINDS) | {"finetune", "few_shot_train", "translate_train"}
 
@@ -67,6 +67,8 @@ class Grid:
     cvqa: CVQASection | None = None        # CVQA cells (volta_ml/protocols/cvqa.py)
     images: dict[str, str] = field(default_factory=dict)            # task -> image root (HF models)
     image_templates: dict[str, str] = field(default_factory=dict)   # task -> path template under it
+    train_images: dict[str, str] = field(default_factory=dict)      # task -> English training images (default: images)
+    train_image_templates: dict[str, str] = field(default_factory=dict)
 
     def step(self) -> list[str]:
         """argv prefix of the in-cell helper steps (record, select)."""
@@ -205,6 +207,9 @@ def load_grid(path: str | Path) -> Grid:
         cvqa=load_section(raw["cvqa"], base, where("cvqa"), _str_list, GridError) if "cvqa" in raw else None,
         images={t: str(_resolve(base, v)) for t, v in task_map(raw.get("images"), where("images")).items()},
         image_templates=task_map(raw.get("image_templates"), where("image_templates")),
+        train_images={t: str(_resolve(base, v)) for t, v in task_map(raw.get("train_images"),
+                                                                    where("train_images")).items()},
+        train_image_templates=task_map(raw.get("train_image_templates"), where("train_image_templates")),
     )
 
 

@@ -3,12 +3,23 @@
     models:
       llava-1.5-7b:
         hf: {backend: mllm, model: llava-hf/llava-1.5-7b-hf, dtype: bf16, device: cuda,
-             rules: {xvnli: letter, xgqa: generate}, extra: {max_images: 1}, batch_size: 16, flags: []}
+             rules: {xvnli: letter, xgqa: generate}, extra: {max_images: 1}, batch_size: 16, flags: [],
+             train: {lr: 2e-4, epochs: 1, batch_size: 32, flags: [--amp, bf16]}}
 
 Such a model gets, for each grid task its backend kind can do (dual encoders: retrieval; generative: XVNLI,
-xGQA, MaRVL), zero-shot and translate-test cells that run `volta-ml iglue-hf`. That command prints the zoo's
-score lines, so the cell's `record` step and `volta-ml report` treat the rows like the zoo's. Images come from
-the grid's top-level `images: {task: root}` (and optional `image_templates: {task: template}`).
+xGQA, MaRVL), zero-shot and translate-test cells that run `volta-ml iglue-hf` on the model as published. With
+`train:` it also gets IGLUE's training protocols, on the same stages as the zoo's models (runners.py):
+`finetune` runs `volta-ml train --hf_model` on the task's English training data (xFlickr&CO: Flickr30k, task 8;
+WIT: 20; XVNLI: SNLI-VE, 19; MaRVL: NLVR2, 12; xGQA: GQA, 15) and links the run's `hf_best/` export; the
+zero-shot (and translate-test) cells then evaluate that export in every language (zero-shot transfer) and
+`few_shot` trains from it on each few-shot file with IGLUE's learning rates and schedules, picks the rate on
+the dev score with the zoo's selection step and evaluates it. Rows of the fine-tuned model are recorded with
+`variant: fine-tuned` (the report's `<model> (fine-tuned)` rows); a dual encoder's export is a model folder
+(`--hf_model` / `--model`), a generative model's is a peft adapter on the base model (`--hf_adapter` / `--adapter`).
+
+That command prints the zoo's score lines, so the cell's `record` step and `volta-ml report` treat the rows like
+the zoo's. Images come from the grid's top-level `images: {task: root}` (and optional `image_templates`); the
+English training images from `train_images` / `train_image_templates` (default: the same as `images`).
 """
 from __future__ import annotations
 
@@ -16,11 +27,18 @@ import json
 from pathlib import Path
 
 from .errors import GridError
-from .hf_kinds import tasks_for_backend
-from .iglue import TASKS
+from .hf_kinds import BACKEND_KINDS, tasks_for_backend
+from .iglue import ADAM_FLAGS, TASKS
 
-HF_KEYS = {"backend", "model", "revision", "dtype", "device", "device_map", "rules", "batch_size", "flags", "extra"}
-HF_PROTOCOLS = ("zero_shot", "translate_test")
+HF_KEYS = {"backend", "model", "revision", "dtype", "device", "device_map", "rules", "batch_size", "flags", "extra",
+           "train"}
+TRAIN_KEYS = {"lr": "--lr", "epochs": "--num_epoch", "batch_size": "--batch_size", "flags": None}
+HF_PROTOCOLS = ("zero_shot", "translate_test", "few_shot")
+EXPORT = "hf_best"                 # the folder `volta-ml train --hf_model` writes in its run directory
+FINE_TUNED = "fine-tuned"          # the `variant` of the rows of a model fine-tuned by the sweep
+# few-shot files the zoo reads in a preprocessed form; HF models read IGLUE's own files
+HF_FEW_SHOT_FILES = {"xgqa": {"few_shot_train_file": "xGQA/annotations/few_shot/{lang}/train_{shot}.json",
+                              "few_shot_val_file": "xGQA/annotations/few_shot/{lang}/dev.json"}}
 
 
 def load_hf(spec: dict, where: str, str_list) -> dict:
@@ -36,7 +54,28 @@ def load_hf(spec: dict, where: str, str_list) -> dict:
     rules = hf.get("rules") or {}
     if not isinstance(rules, dict) or any(t not in TASKS for t in rules):
         raise GridError(f"{where}.hf.rules: expected a mapping task -> rule")
-    return dict(hf, rules=rules, flags=str_list(hf.get("flags") or [], f"{where}.hf.flags"))
+    train = _load_train(hf, where, str_list) if "train" in hf else None
+    return dict(hf, rules=rules, flags=str_list(hf.get("flags") or [], f"{where}.hf.flags"), train=train)
+
+
+def _load_train(hf: dict, where: str, str_list) -> dict:
+    """`hf.train`: the English fine-tuning's hyperparameters (unset ones: the task config's) and flags for every
+    training run of the model (English and few-shot), e.g. `[--amp, bf16, --gradient_checkpointing]`."""
+    train = hf["train"] if hf["train"] is not None else {}
+    if not isinstance(train, dict):
+        raise GridError(f"{where}.hf.train: expected a mapping with any of {sorted(TRAIN_KEYS)}")
+    unknown = set(train) - set(TRAIN_KEYS)
+    if unknown:
+        raise GridError(f"{where}.hf.train: unknown key(s) {sorted(unknown)}; valid keys: {sorted(TRAIN_KEYS)}")
+    if BACKEND_KINDS.get(hf["backend"]) is None:
+        raise GridError(f"{where}.hf.train: backend {hf['backend']!r} cannot be trained (known: "
+                        f"{', '.join(BACKEND_KINDS)})")
+    out = {"flags": str_list(train.get("flags") or [], f"{where}.hf.train.flags")}
+    for key in ("lr", "epochs", "batch_size"):
+        if train.get(key) is not None:
+            (value,) = str_list(train[key], f"{where}.hf.train.{key}")
+            out[key] = value
+    return out
 
 
 def task_map(raw, where: str) -> dict[str, str]:
@@ -49,11 +88,14 @@ def task_map(raw, where: str) -> dict[str, str]:
 
 
 def hf_tasks(model, grid) -> list[str]:
-    """The grid tasks this HF model can do; refuses the training protocols."""
+    """The grid tasks this HF model can do; refuses translate-train, and few-shot without `train`."""
     other = [p for p in grid.protocols if p not in HF_PROTOCOLS]
     if other:
-        raise GridError(f"{grid.path}: models.{model.name}: Hugging Face models run zero_shot and translate_test "
-                         f"only, not {', '.join(other)} (give them their own grid)")
+        raise GridError(f"{grid.path}: models.{model.name}: Hugging Face models run {', '.join(HF_PROTOCOLS)}, "
+                        f"not {', '.join(other)} (give them their own grid)")
+    if "few_shot" in grid.protocols and not model.hf["train"]:
+        raise GridError(f"{grid.path}: models.{model.name}.hf: few_shot starts from the English fine-tuned model; "
+                        f"give hf.train (an empty mapping takes the task configs' settings)")
     return tasks_for_backend(model.hf["backend"], grid.tasks)
 
 
@@ -62,22 +104,65 @@ def has_english(task: str) -> bool:
     return TASKS[task].english_test is None
 
 
-def hf_argv(grid, model, task: str, lang: str, mt: bool, cell_dir: Path) -> list[str]:
-    hf = model.hf
-    if task not in grid.images:
+def generative(model) -> bool:
+    return BACKEND_KINDS.get(model.hf["backend"]) == "generative"
+
+
+def _images(grid, task: str, training: bool) -> list[str]:
+    roots, templates = (grid.train_images, grid.train_image_templates) if training else ({}, {})
+    root, template = roots.get(task) or grid.images.get(task), templates.get(task) or grid.image_templates.get(task)
+    if root is None:
         raise GridError(f"{grid.path}: images.{task}: the image root is needed for Hugging Face models")
+    return ["--images", root] + (["--image_template", template] if template else [])
+
+
+def hf_argv(grid, model, task: str, lang: str, mt: bool, cell_dir: Path, tuned: str | None = None) -> list[str]:
+    """`volta-ml iglue-hf` on the model as published, or on `tuned`, the export of a training cell (a model folder,
+    or a generative model's adapter on the base model)."""
+    hf = model.hf
+    target = ["--model", hf["model"]]
+    if tuned and not generative(model):
+        target = ["--model", tuned]
+    elif tuned:
+        target += ["--adapter", tuned]
     argv = grid.commands["iglue_hf"] + [
-        "--task", task, "--backend", hf["backend"], "--model", hf["model"], "--lang", lang,
+        "--task", task, "--backend", hf["backend"], *target, "--lang", lang,
         "--protocol", "translate-test" if mt else "zero-shot", "--data_root", str(grid.data_root),
-        "--images", grid.images[task], "--name", model.name, "--output_dir", str(cell_dir / "eval"),
+        *_images(grid, task, training=False), "--name", model.name, "--output_dir", str(cell_dir / "eval"),
         "--no_result_json", "--no_progress"]
     for key in ("revision", "dtype", "device", "device_map", "batch_size"):
-        if hf.get(key) is not None:
+        if hf.get(key) is not None and not (key == "revision" and tuned and not generative(model)):
             argv += [f"--{key}", str(hf[key])]
     if hf.get("extra"):
         argv += ["--extra", json.dumps(hf["extra"], sort_keys=True)]
     if task in hf["rules"]:
         argv += ["--rule", str(hf["rules"][task])]
-    if task in grid.image_templates:
-        argv += ["--image_template", grid.image_templates[task]]
     return argv + list(hf["flags"]) + grid.extra_flags.get("iglue_hf", [])
+
+
+def hf_train_argv(grid, model, task: str, start: str | None, settings: list[str], seed: int, cell_dir: Path,
+                  stage: str) -> list[str]:
+    """`volta-ml train --hf_model` for a training cell: from the published model (`start` None, the English
+    fine-tuning) or from the English export `start` (few-shot). `settings` are the stage's data and schedule
+    flags; the model's `hf.train` flags, then the grid's `extra_flags` come last (argparse keeps the last value)."""
+    hf = model.hf
+    base = hf["model"] + (f"@{hf['revision']}" if hf.get("revision") else "")
+    if start is None:
+        origin = ["--hf_model", base]
+    elif generative(model):
+        origin = ["--hf_model", base, "--hf_adapter", start]
+    else:
+        origin = ["--hf_model", start]
+    english = []                      # hf.train's hyperparameters are the English fine-tuning's
+    for key in ("lr", "epochs", "batch_size"):
+        if start is None and key in hf["train"]:
+            english += [TRAIN_KEYS[key], hf["train"][key]]
+    # English: the training task's id (19: SNLI-VE, 12: NLVR2 and its images, ...); few-shot: IGLUE's task name,
+    # whose files (MaRVL's rows and image folders, ...) the trainer then reads as iglue-hf does
+    task_flag = TASKS[task].task_id if start is None else task
+    return (grid.commands["train"] + origin + ["--hf_backend", hf["backend"], "--task", task_flag,
+                                               "--data_root", str(grid.data_root),
+                                               *_images(grid, task, training=start is None), "--seed", str(seed)]
+            + ADAM_FLAGS + english + settings + list(hf["train"]["flags"])
+            + ["--output_dir", str(cell_dir / "ckpt"), "--logdir", str(cell_dir / "tb")]
+            + grid.extra_flags.get("train", []) + grid.extra_flags.get(stage, []))

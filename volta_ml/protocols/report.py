@@ -120,13 +120,16 @@ def latex(header: list[str], rows: list[list[str]], caption: str = "") -> str:
 
 
 def row_names(records: list[dict]) -> list[str]:
-    """Each record's row: its model, or `<model> (<rule>)` when the model has records of several scoring rules
-    for the record's task (their scores must not be averaged as if they were seeds)."""
+    """Each record's row: its model, `<model> (<variant>)` for a Hugging Face model the sweep fine-tuned (its
+    zero-shot transfer and few-shot scores share the row; the model as published keeps `<model>`), and
+    `<row> (<rule>)` when that row has records of several scoring rules for the record's task (their scores must
+    not be averaged as if they were seeds)."""
+    models = [r["model"] + (f" ({r['variant']})" if r.get("variant") else "") for r in records]
     rules: dict = defaultdict(set)
-    for r in records:
-        rules[(r.get("task"), r.get("model"))].add(r.get("rule"))
-    return [r["model"] if len(rules[(r.get("task"), r.get("model"))]) == 1
-            else f"{r['model']} ({r.get('rule') or 'default'})" for r in records]
+    for r, model in zip(records, models):
+        rules[(r.get("task"), model)].add(r.get("rule"))
+    return [model if len(rules[(r.get("task"), model)]) == 1 else f"{model} ({r.get('rule') or 'default'})"
+            for r, model in zip(records, models)]
 
 
 def aggregate(records: list[dict]) -> dict:

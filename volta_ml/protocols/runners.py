@@ -20,7 +20,7 @@ from .cell import Cell, Command
 from .cvqa import cvqa_cells
 from .errors import GridError
 from .grid import Grid, ModelSpec
-from .hf_cells import has_english, hf_argv, hf_tasks
+from .hf_cells import EXPORT, FINE_TUNED, HF_FEW_SHOT_FILES, has_english, hf_argv, hf_tasks, hf_train_argv
 from .iglue import ADAM_FLAGS, TASKS, TaskSpec, finetune_grad_acc, model_extra_flags
 
 STAGES = ("finetune", "zero_shot", "translate_test", "few_shot_train", "few_shot_test", "translate_train",
@@ -33,8 +33,10 @@ class Planner:
         self.cells: dict[str, Cell] = {}
 
     # --- helpers -------------------------------------------------------------------------
-    def spec(self, task: str) -> TaskSpec:
-        overrides = self.grid.paths.get(task)
+    def spec(self, task: str, model: ModelSpec | None = None) -> TaskSpec:
+        """IGLUE's settings of a task with the grid's `paths` overrides (and, for an HF model, the files it
+        reads where the zoo reads preprocessed ones)."""
+        overrides = dict(HF_FEW_SHOT_FILES.get(task, {}) if model and model.hf else {}, **self.grid.paths.get(task, {}))
         if not overrides:
             return TASKS[task]
         from dataclasses import replace
@@ -70,10 +72,15 @@ class Planner:
         return Command(self.grid.step() + ["record", str(cell_dir)], log, log)
 
     # --- checkpoints ---------------------------------------------------------------------
-    def english_checkpoint(self, model: ModelSpec, task: str, seed: int) -> tuple[str, list[str], bool]:
-        """(checkpoint path, cell ids it depends on, whether it varies with the seed)."""
+    def english_checkpoint(self, model: ModelSpec, task: str, seed: int,
+                           as_published: bool = False) -> tuple[str, list[str], bool]:
+        """(checkpoint path, cell ids it depends on, whether it varies with the seed). A Hugging Face model is
+        evaluated as published unless it has `hf.train` (then: its English fine-tuning's export)."""
+        if model.hf and (as_published or not model.hf["train"]):
+            return model.hf["model"], [], False
         if model.hf:
-            return model.hf["model"], [], False       # a Hugging Face model is evaluated as it is
+            cell = self.finetune_cell(model, task, seed)
+            return str(Path(cell.dir) / EXPORT), [cell.id], True
         if task in model.finetuned:
             spec = self.spec(task)
             cfg = Path(model.config).stem
@@ -89,6 +96,12 @@ class Planner:
             return self.cells[cell_id]
         spec = self.spec(task)
         d = self.cell_dir(cell_id)
+        log = str(d / "train.log")
+        if model.hf:
+            argv = hf_train_argv(self.grid, model, task, None, [], seed, d, "finetune")
+            return self.add(Cell(id=cell_id, stage="finetune", protocol="finetune", model=model.name, task=task,
+                                 seed=seed, scorer="train", commands=[Command(argv, log, log), self.record(d)],
+                                 logs=[log], extra={"best": EXPORT}))
         argv = (self.grid.commands["train"] + self.model_flags(model) +
                 ["--from_pretrained", model.pretrained,
                  "--tasks_config_file", self.grid.task_configs_file("trainval", model), "--task", spec.task_id,
@@ -96,7 +109,6 @@ class Planner:
                 + list(spec.finetune_extra) + model_extra_flags(task, model.name, "train") + ADAM_FLAGS
                 + ["--output_dir", str(d / "ckpt"), "--logdir", str(d / "tb")]
                 + self.grid.extra_flags.get("train", []) + self.grid.extra_flags.get("finetune", []))
-        log = str(d / "train.log")
         return self.add(Cell(id=cell_id, stage="finetune", protocol="finetune", model=model.name, task=task,
                              seed=seed, scorer="train", commands=[Command(argv, log, log), self.record(d)],
                              logs=[log]))
@@ -121,10 +133,12 @@ class Planner:
             feats = self.data(spec.test_features, **fmt)
         kind = "eval_retrieval" if spec.scorer == "retrieval" else "eval"
         if model.hf:
-            argv = hf_argv(self.grid, model, task, lang, mt, d)
+            tuned = checkpoint if checkpoint != model.hf["model"] else None     # a training cell's export
+            argv = hf_argv(self.grid, model, task, lang, mt, d, tuned)
+            extra = dict(extra or {}, hf=model.hf, **({"variant": FINE_TUNED, "checkpoint": tuned} if tuned else {}))
             return self.add(Cell(id=cell_id, stage=stage, protocol=protocol, model=model.name, task=task, lang=lang,
-                                 seed=seed, scorer="iglue_hf", commands=[Command(argv, out, err), self.record(d)],
-                                 depends_on=deps, logs=[out, err], extra=dict(extra or {}, hf=model.hf)))
+                                 seed=seed, scorer="iglue_hf", depends_on=deps, logs=[out, err], extra=extra,
+                                 commands=list(pre or []) + [Command(argv, out, err), self.record(d)]))
         argv = (self.grid.commands[kind] + self.model_flags(model) + ["--from_pretrained", checkpoint] +
                 ["--tasks_config_file", self.grid.task_configs_file("test", model), "--task", spec.task_id])
         if split:
@@ -149,12 +163,17 @@ class Planner:
                              logs=[out, err], extra=dict(extra or {}, checkpoint=checkpoint)))
 
     def transfer_cells(self, model: ModelSpec, task: str, mt: bool) -> None:
+        if model.hf and model.hf["train"]:    # the HF model as published: its zero-shot row beside the fine-tuned one
+            self.transfer_cells_from(model, task, mt, as_published=True)
+        self.transfer_cells_from(model, task, mt)
+
+    def transfer_cells_from(self, model: ModelSpec, task: str, mt: bool, as_published: bool = False) -> None:
         stage = "translate_test" if mt else "zero_shot"
         langs = list(self.grid.languages[task])
         if self.grid.include_english and (not model.hf or has_english(task)):
             langs = ["en"] + [l for l in langs if l != "en"]
         for seed in self.grid.seeds:
-            checkpoint, deps, per_seed = self.english_checkpoint(model, task, seed)
+            checkpoint, deps, per_seed = self.english_checkpoint(model, task, seed, as_published)
             for lang in langs:
                 if mt and lang == "en":
                     continue          # the English row of a translate-test table is the zero-shot English test
@@ -166,7 +185,8 @@ class Planner:
 
     # --- few-shot ------------------------------------------------------------------------
     def few_shot_cells(self, model: ModelSpec, task: str) -> None:
-        spec = self.spec(task)
+        spec = self.spec(task, model)
+        best = EXPORT if model.hf else "pytorch_model_best.bin"
         if not spec.few_shot_train_file:
             raise GridError(f"{self.grid.path}: task '{task}' has no few-shot protocol in IGLUE")
         for seed in self.grid.seeds:
@@ -178,21 +198,33 @@ class Planner:
                               for lr in self.grid.learning_rates]
                     test_id = f"few_shot_test/{base}"
                     d = self.cell_dir(test_id)
-                    selected = d / "selected" / "pytorch_model_best.bin"
+                    selected = d / "selected" / best
                     log = str(d / "select.log")
                     select = Command(self.grid.step() + ["select", str(d)], log, log)
                     cell = self.eval_cell("few_shot_test", model, task, lang, str(selected), [c.id for c in trains],
                                           test_id, mt=False, protocol="few_shot", seed=seed, pre=[select],
-                                          extra={"train_cells": [c.dir for c in trains],
+                                          extra={"train_cells": [c.dir for c in trains], "best": best,
                                                  "learning_rates": list(self.grid.learning_rates)})
                     cell.shot = shot
                     cell.logs.append(log)
 
     def few_shot_train_cell(self, model, task, lang, shot, lr, seed, start, deps, base) -> Cell:
-        spec = self.spec(task)
+        spec = self.spec(task, model)
         cell_id = f"few_shot_train/{base}/lr{lr}"
         d = self.cell_dir(cell_id)
         fmt = {"lang": lang, "shot": shot, "feat": model.features}
+        log = str(d / "train.log")
+        if model.hf:      # IGLUE's files, rates, epochs and batch schedule; the HF model's own validation
+            settings = ["--train_annotations_jsonpath", self.data(spec.few_shot_train_file, **fmt),
+                        "--num_epoch", str(self.grid.num_epoch), "--optim_train_epochs", str(self.grid.num_epoch),
+                        "--lr", lr, *spec.schedule(shot).flags(False), "--num_workers", "0"]
+            if spec.few_shot_val_file:
+                settings += ["--val_annotations_jsonpath", self.data(spec.few_shot_val_file, **fmt)]
+            argv = hf_train_argv(self.grid, model, task, start, settings, seed, d, "few_shot_train")
+            return self.add(Cell(id=cell_id, stage="few_shot_train", protocol="few_shot_train", model=model.name,
+                                 task=task, lang=lang, shot=shot, lr=lr, seed=seed, scorer="train", logs=[log],
+                                 commands=[Command(argv, log, log), self.record(d)], depends_on=list(deps),
+                                 extra={"best": EXPORT}))
         argv = (self.grid.commands["train"] + self.model_flags(model) + ["--from_pretrained", start] +
                 ["--tasks_config_file", self.grid.task_configs_file("fewshot", model), "--task", spec.task_id,
                  "--num_epoch", str(self.grid.num_epoch), "--optim_train_epochs", str(self.grid.num_epoch),
@@ -211,7 +243,6 @@ class Planner:
         argv += model_extra_flags(task, model.name, "train") + ADAM_FLAGS
         argv += ["--output_dir", str(d / "ckpt"), "--logdir", str(d / "tb")]
         argv += self.grid.extra_flags.get("train", []) + self.grid.extra_flags.get("few_shot_train", [])
-        log = str(d / "train.log")
         return self.add(Cell(id=cell_id, stage="few_shot_train", protocol="few_shot_train", model=model.name,
                              task=task, lang=lang, shot=shot, lr=lr, seed=seed, scorer="train",
                              commands=[Command(argv, log, log), self.record(d)], depends_on=list(deps), logs=[log]))

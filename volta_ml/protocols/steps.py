@@ -19,27 +19,36 @@ from .cell import RESULT_FILE, is_done, load_cell, read_result, write_json_atomi
 from .results import LogError, best_validation, iglue_hf_results, scorer_metrics
 
 
+BEST = "pytorch_model_best.bin"   # a training run's best model; an HF model's cells name theirs (`best`: hf_best)
+
+
 def link(target: Path, link_path: Path) -> None:
-    """Point `link_path` at `target` (a symlink; a hard link or copy where symlinks are not allowed)."""
+    """Point `link_path` at `target`, a file or a folder (a symlink; a hard link or copy where symlinks are not
+    allowed)."""
     link_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = link_path.with_name(f".{link_path.name}.tmp")
     tmp.unlink(missing_ok=True)
     try:
         os.symlink(os.path.realpath(target), tmp)
     except OSError:
-        try:
-            os.link(os.path.realpath(target), tmp)
-        except OSError:
-            import shutil
-            shutil.copyfile(target, tmp)
+        import shutil
+        if Path(target).is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(target, tmp)
+            shutil.rmtree(link_path, ignore_errors=True)
+        else:
+            try:
+                os.link(os.path.realpath(target), tmp)
+            except OSError:
+                shutil.copyfile(target, tmp)
     os.replace(tmp, link_path)
 
 
-def find_best_checkpoint(ckpt_dir: Path) -> Path:
-    """`<output_dir>/<Name>_<cfg>/pytorch_model_best.bin` of a train_task run (one run per output dir)."""
-    found = sorted(Path(ckpt_dir).glob("*/pytorch_model_best.bin"))
+def find_best_checkpoint(ckpt_dir: Path, name: str = BEST) -> Path:
+    """`<output_dir>/<Name>_<cfg>/<name>` of a train_task run (one run per output dir)."""
+    found = sorted(Path(ckpt_dir).glob(f"*/{name}"))
     if len(found) != 1:
-        raise LogError(f"{ckpt_dir}: expected one <run>/pytorch_model_best.bin, found {len(found)}")
+        raise LogError(f"{ckpt_dir}: expected one <run>/{name}, found {len(found)}")
     return found[0]
 
 
@@ -49,16 +58,19 @@ def record(cell_dir: Path) -> int:
     try:
         if cell.scorer == "train":
             score = best_validation(cell_dir / "train.log")
-            best = find_best_checkpoint(cell_dir / "ckpt")
-            link(best, cell_dir / "pytorch_model_best.bin")
+            name = cell.extra.get("best", BEST)
+            best = find_best_checkpoint(cell_dir / "ckpt", name)
+            link(best, cell_dir / name)
             extra = {"metrics": {"dev": score}, "checkpoint": str(best)}
         else:
             metrics = scorer_metrics(cell.scorer, cell_dir / "test.out", cell_dir / "test.err",
                                      first_validation=(cell.stage == "few_shot_test" and cell.task == "xvnli"))
             checkpoint = cell.extra.get("checkpoint")
             extra = {"metrics": metrics, "checkpoint": os.path.realpath(checkpoint) if checkpoint else None}
-            if cell.scorer == "iglue_hf":      # a Hugging Face model: its rule keeps its own report row
+            if cell.scorer == "iglue_hf":      # a Hugging Face model: its rule (and variant) keep their own rows
                 extra.update({k: v for k, v in iglue_hf_results(cell_dir).items() if k != "metrics"})
+                if cell.extra.get("variant"):
+                    extra["variant"] = cell.extra["variant"]
             selection = cell_dir / "selection.json"
             if selection.exists():
                 import json
@@ -75,8 +87,10 @@ def record(cell_dir: Path) -> int:
 def select(cell_dir: Path) -> int:
     """IGLUE's few-shot model selection (user-scripts spec E7): for each learning rate in grid order, the
     dev score from the last line of its training log; the strictly greater one wins, so ties go to the
-    earlier rate. Its best checkpoint is linked as `selected/pytorch_model_best.bin`."""
+    earlier rate. Its best checkpoint is linked as `selected/pytorch_model_best.bin` (an HF model's export as
+    `selected/hf_best`)."""
     cell = load_cell(cell_dir)
+    name = cell.extra.get("best", BEST)
     best, best_lr, best_dir = -1.0, None, None
     scores = {}
     for lr, train_dir in zip(cell.extra["learning_rates"], cell.extra["train_cells"]):
@@ -95,7 +109,7 @@ def select(cell_dir: Path) -> int:
     if best_dir is None:
         print(f"select {cell.id}: no learning rate has a finished training run", file=sys.stderr)
         return 1
-    link(best_dir / "pytorch_model_best.bin", cell_dir / "selected" / "pytorch_model_best.bin")
+    link(best_dir / name, cell_dir / "selected" / name)
     write_json_atomic(cell_dir / "selection.json", {"lr": best_lr, "dev": best, "scores": scores,
                                                     "train_cell": str(best_dir)})
     print("Best lr: ", best_lr)
