@@ -217,7 +217,7 @@ class Planner:
         if model.hf:      # IGLUE's files, rates, epochs and batch schedule; the HF model's own validation
             settings = ["--train_annotations_jsonpath", self.data(spec.few_shot_train_file, **fmt),
                         "--num_epoch", str(self.grid.num_epoch), "--optim_train_epochs", str(self.grid.num_epoch),
-                        "--lr", lr, *spec.schedule(shot).flags(False), "--num_workers", "0"]
+                        "--lr", lr, *spec.schedule(shot).flags(False), "--num_workers", "0", "--hf_lang", lang]
             if spec.few_shot_val_file:
                 settings += ["--val_annotations_jsonpath", self.data(spec.few_shot_val_file, **fmt)]
             argv = hf_train_argv(self.grid, model, task, start, settings, seed, d, "few_shot_train")
