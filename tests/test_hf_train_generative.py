@@ -3,7 +3,7 @@ Qwen2-VL and Idefics3 models (tests/helpers_vlm_families.py) and a tiny XVNLI-st
 (tests/helpers_hf_train.py: one-colour pictures, hypotheses naming a colour).
 
 - training input = the iglue-hf scoring input + the answer's tokens (letter rule: the letter's token; generate
-  rule: the answer and the end-of-turn token), for XVNLI, MaRVL on NLVR2 rows (two photos side by side) and xGQA;
+  rule: the answer and the end-of-turn token), for XVNLI, MaRVL on NLVR2 rows (two photos as two images: Qwen2-VL takes several) and xGQA;
 - training lowers the loss; the xGQA run validates with the generate rule;
 - 2 gloo ranks (torchrun) = 1 rank with the same global batch;
 - SIGKILL mid-run + --resume_file = the uninterrupted run, bit for bit;
@@ -120,7 +120,8 @@ def test_training_input_is_the_scoring_input_plus_the_answer(tmp_path, models, x
     items = [dataset[0], dataset[1]]
     batch = Collate(backend)(items)
     scored = backend.encode([it["images"] for it in items], prompts)
-    assert [len(it["images"]) for it in items] == [1, 1]      # MaRVL: the two photos side by side
+    # MaRVL: the two photos as two images for a model that takes several (Qwen2-VL), side by side otherwise
+    assert [len(it["images"]) for it in items] == [2 if layout == "multi" else 1] * 2
     for i, (example, item) in enumerate(zip(examples, items)):
         answer = item["answer"].tolist()
         assert _real(batch["inputs"], i) == _real(scored, i) + answer
