@@ -7,6 +7,11 @@ import pytest
 from volta_ml.testing import reference
 
 REPO = Path(__file__).resolve().parents[1]
+# `pytest -n N` (pytest-xdist): the N workers share the cores, so each takes its share of threads, it and the
+# processes its tests start (OMP_NUM_THREADS is read when torch is first imported, after this file)
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 SHARED = reference.shared_root()  # VOLTA_ML_SHARED, else ../shared: the one setting every test reads it through
 # the per-file digest cache of resume fingerprints (volta_ml/digest.py): one per test session, not the user's
 os.environ.setdefault("VOLTA_ML_DIGEST_CACHE", os.path.join(tempfile.mkdtemp(prefix="volta_ml_digests_"),
