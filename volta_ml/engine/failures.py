@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import os
 import re
 import signal
 import sys
@@ -165,11 +166,18 @@ def fail(error: BaseException, prog: str) -> int:
     code, cause = describe(error)
     if code == EXIT_CRASH and not _is_peer_failure(error):
         traceback.print_exception(error, file=sys.stderr)
+    # Under torchrun / Slurm the cause is said before this rank leaves the group: once it has left, its peers'
+    # collectives fail, they exit, and the launcher ends this rank too, possibly before a later line is written.
+    # (One process: the cause stays the last stderr line.)
+    ranks = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if ranks > 1:
+        report(prog, cause)
     stop_workers()
     distributed = sys.modules.get("volta_ml.engine.distributed")  # the one module that starts process groups:
     if distributed is not None:                                    # never loaded, no group (torch stays unloaded)
         distributed.abort()
-    report(prog, cause)
+    if ranks == 1:
+        report(prog, cause)
     return code
 
 
