@@ -80,7 +80,10 @@ def test_demo_help_explains_stages_and_real_data():
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "out"
-    proc = _cli("demo", "--size", "small", "--seed", "0", "--out", str(out), "--threads", "2")
+    # the README's command at the reduced size, with this process's share of the cores (under `pytest -n 2` a
+    # second worker runs beside it: more threads than cores made this run 4x slower in CI)
+    threads = os.environ.get("OMP_NUM_THREADS", "2")
+    proc = _cli("demo", "--size", "small", "--seed", "0", "--out", str(out), "--threads", threads)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
 
