@@ -70,7 +70,7 @@ from PIL import Image
 
 from .base import LETTER_SPELLINGS, BackendInputError, ChoiceTokenError, ModelSpec
 from .loading import (ModelLoadError, attach_adapter, blank_image, float_dtype, input_device, load_model,
-                      load_processor)
+                      load_processor, one_line)
 
 QUERY_PREPENDED = ("Blip2ForConditionalGeneration", "InstructBlipForConditionalGeneration")  # BLIP family
 LM_KEYS = ("input_ids", "attention_mask")
@@ -134,6 +134,34 @@ def _extend(key: str, value: torch.Tensor, width: int, family: Family) -> torch.
     return torch.cat([value, tail], 1)
 
 
+def _batch_tensors(layer) -> dict[str, torch.Tensor]:
+    """A cache layer's tensors by attribute (and key, for dicts of states), to check its batch dimension."""
+    out = {}
+    for name, value in vars(layer).items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for key, tensor in items:
+            if torch.is_tensor(tensor) and tensor.dim() > 0:
+                out[f"{name}[{key}]"] = tensor
+    return out
+
+
+def _expand_cache(cache, k: int, rows: int) -> bool:
+    """Repeat each row of `cache` K times in place (`batch_repeat_interleave`); False when the cache cannot be
+    expanded: it has no such method, or a layer kept a tensor of `rows` rows that the repeat left as it was (a
+    linear-attention layer's conv / recurrent states, which only some cache classes repeat). The cache is then
+    unusable and the caller takes the no-cache path."""
+    if k == 1:
+        return True
+    layers = list(getattr(cache, "layers", []))
+    before = [{n for n, t in _batch_tensors(layer).items() if t.shape[0] == rows} for layer in layers]
+    try:
+        cache.batch_repeat_interleave(k)
+    except (AttributeError, NotImplementedError):
+        return False
+    after = [_batch_tensors(layer) for layer in layers]
+    return all(now[n].shape[0] == rows * k for now, names in zip(after, before) for n in names if n in now)
+
+
 class GenerativeBackend:
     def __init__(self, spec: ModelSpec, model=None, processor=None):
         """Loads `spec`; or wraps an already built `model` + `processor` (benchmarks with random weights)."""
@@ -157,10 +185,12 @@ class GenerativeBackend:
         self.lm = self.model.language_model if self.blip else self.model
         self.forward_keys = _params(self.model.forward)
         inner = getattr(self.model, "model", None)
+        self.rope_index = getattr(inner, "get_rope_index", None)
         if self.encoder_decoder:
             self.positions = None
-        elif hasattr(inner, "get_rope_index"):
+        elif self.rope_index is not None:
             self.positions = "mrope"
+            self.rope_keys = _params(self.rope_index)
         else:
             lm = self.lm if self.blip else getattr(inner, "language_model", self.model)
             self.positions = "mask" if "position_ids" in _params(lm.forward) else None
@@ -169,6 +199,8 @@ class GenerativeBackend:
         if self.letter_spellings not in LETTER_SPELLINGS:
             raise ValueError(f"letter_spellings {self.letter_spellings!r}: use one of {', '.join(LETTER_SPELLINGS)}")
         use_template = spec.extra.get("chat_template", True) and getattr(self.processor, "chat_template", None)
+        self.enable_thinking = spec.extra.get("enable_thinking")
+        self.template_options = self._template_options(use_template)
         self.prompt_format = "chat_template" if use_template else {
             "as_is": "fallback: prompt as is (the processor places the image tokens)",
             "image_prefix": "fallback: <image> per image, then the prompt (the processor adds BOS and \\n)",
@@ -183,6 +215,38 @@ class GenerativeBackend:
         self.qformer_max = self._qformer_max()
         self.qformer_truncated = 0
         self._choice_cache: dict[tuple, list[list[int]]] = {}
+        # the open rule continues each prompt from its KV cache repeated K times, until a cache that cannot be
+        # repeated (hybrid / linear-attention layers' recurrent states) turns this off: K full forwards instead
+        self.cache_reuse = True
+        self._check_forward()
+
+    def _check_forward(self) -> None:
+        """One forward of a one-word blind prompt at load: a model type whose own forward fails in the installed
+        transformers (Llama 4 in 5.24: its output class lacks a field the forward reads) is one line naming it,
+        not a traceback at the first batch."""
+        import transformers
+        try:
+            with torch.inference_mode():
+                batch = self._batch([[None]], ["?"])
+                self._forward(batch, **({"decoder_input_ids": self._start(1)} if self.encoder_decoder else {}))
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:
+            raise ModelLoadError(f"{self.spec.model}: model type {self.model.config.model_type!r} fails in the forward "
+                                 f"of the installed transformers {transformers.__version__} ({type(e).__name__}: "
+                                 f"{one_line(e)}); run it with a transformers version that supports it") from None
+
+    def _template_options(self, template) -> dict:
+        """The chat template's switches set in spec.extra (`enable_thinking`: None = the template's own default);
+        a switch the template does not read is refused (it would silently change nothing)."""
+        if self.enable_thinking is None:
+            return {}
+        if not isinstance(self.enable_thinking, bool):
+            raise BackendInputError(f"enable_thinking {self.enable_thinking!r} (spec.extra / --extra): use true or false")
+        if not template or "enable_thinking" not in str(template):
+            raise BackendInputError(f"enable_thinking (spec.extra / --extra): {self.spec.model}'s chat template has no "
+                                    "such switch")
+        return {"enable_thinking": self.enable_thinking}
 
     def _query_placeholders(self) -> None:
         """Checkpoints published before transformers put the query tokens in the text (mBLIP: no image token in
@@ -243,11 +307,14 @@ class GenerativeBackend:
             turns.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
         return turns
 
+    def _template(self, conversation: list[dict], generation_prompt: bool) -> str:
+        return self.processor.apply_chat_template(conversation, add_generation_prompt=generation_prompt,
+                                                  tokenize=False, **self.template_options)
+
     def render(self, prompt: str, num_images: int) -> str:
         """The text the processor gets for this user turn (chat template or the family's fallback frame)."""
         if self.prompt_format == "chat_template":
-            return self.processor.apply_chat_template(self._conversation(prompt, 0 if self.blip else num_images),
-                                                      add_generation_prompt=True, tokenize=False)
+            return self._template(self._conversation(prompt, 0 if self.blip else num_images), True)
         if self.family.fallback == "as_is":
             return prompt
         sep = "\n" if self.family.fallback == "image_newline" else ""
@@ -334,10 +401,32 @@ class GenerativeBackend:
             out[idx] = part
         return out
 
-    def _forward(self, batch: dict, **kw):
-        """The whole model on a prepared batch (images included); positions only where the model needs them."""
+    def prompt_positions(self, batch: dict) -> torch.Tensor | None:
+        """The position ids of a prepared batch, from its own inputs only (never from what the model keeps
+        between calls): M-RoPE ([3, B, L]) from the model's `get_rope_index` on this batch (a text-only batch:
+        no image tokens, the text positions in each section); otherwise counted over the real tokens ([B, L]);
+        None where the model takes none (encoder-decoder LMs, LMs without `position_ids`)."""
+        mask = batch["attention_mask"]
         if self.positions == "mask":
-            kw["position_ids"] = _positions(batch["attention_mask"])
+            return _positions(mask)
+        if self.positions != "mrope":
+            return None
+        inputs = {k: v for k, v in batch.items() if k in self.rope_keys}
+        if "mm_token_type_ids" in self.rope_keys and "mm_token_type_ids" not in inputs:
+            inputs["mm_token_type_ids"] = torch.zeros_like(batch["input_ids"])
+        return self.rope_index(**inputs)[0]
+
+    @staticmethod
+    def _next_positions(positions: torch.Tensor, width: int) -> torch.Tensor:
+        """The positions of `width` tokens written after each row of a prompt whose positions are `positions`
+        ([..., B, L]): one after the row's largest, then counting up (as `generate` continues a prompt)."""
+        return positions.amax(-1, keepdim=True) + 1 + torch.arange(width, device=positions.device)
+
+    def _forward(self, batch: dict, positions: torch.Tensor | None = None, **kw):
+        """The whole model on a prepared batch (images included), with the batch's own positions."""
+        positions = self.prompt_positions(batch) if positions is None else positions
+        if positions is not None:
+            kw["position_ids"] = positions
         return self.model(**batch, **kw)
 
     # ---- inputs + answers, for training (volta_ml/iglue_hf/train_generative.py) ------------------------------
@@ -372,8 +461,7 @@ class GenerativeBackend:
         eos = str(self.tokenizer.eos_token or "")
         if self.prompt_format == "chat_template":
             head = self.render(prompt, num_images)
-            full = self.processor.apply_chat_template(self._conversation(prompt, 0 if self.blip else num_images, answer),
-                                                      add_generation_prompt=False, tokenize=False)
+            full = self._template(self._conversation(prompt, 0 if self.blip else num_images, answer), False)
             if not full.startswith(head):
                 raise ValueError(f"{self.spec.model}: its chat template renders an answered conversation that does "
                                  "not start with the generation prompt; it cannot be trained on answers")
@@ -390,25 +478,38 @@ class GenerativeBackend:
 
     # ---- the letter rule ---------------------------------------------------------------------------------------
     def _natural_token(self, prompt: str, choice: str) -> list[int]:
-        """The token the model writes as its answer `choice` after the prompt (empty when that is not one token);
-        encoder-decoder LMs: the decoder's first token of `choice` (the answer starts the decoder's text)."""
+        """The letter typed right after the generation prompt (empty when that is not one token): the tokens that
+        `choice`, after the separator the model's reply starts with (`_reply_separator`), adds after the prompt,
+        or the bare `choice` where the separator does not merge into it; encoder-decoder LMs: the decoder's first
+        token of `choice` (the answer starts the decoder's text)."""
         if self.encoder_decoder:
             ids = self.tokenizer(choice, add_special_tokens=False)["input_ids"]
             ok = len(ids) == 1 and ids[0] != self.tokenizer.unk_token_id
             return ids if ok and self.tokenizer.decode(ids).strip() == choice.strip() else []
-        if self.prompt_format == "chat_template":
-            n = 0 if self.blip else 1
-            before = self.render(prompt, n)
-            after = self.processor.apply_chat_template(self._conversation(prompt, 0 if self.blip else n, choice),
-                                                       add_generation_prompt=False, tokenize=False)
-        else:
-            before = self.render(prompt, 1) + self.family.frame_end
-            after = before + self.family.answer_sep + choice
-        head, full = self._text_ids(before), self._text_ids(after)
-        if full[:len(head)] != head or len(full) == len(head):
-            return []
-        token = full[len(head)]
-        return [token] if self.tokenizer.decode([token]).strip() == choice.strip() else []
+        before = self.render(prompt, 0 if self.blip else 1)
+        if self.prompt_format != "chat_template":
+            before += self.family.frame_end
+        head = self._text_ids(before)
+        for sep in dict.fromkeys((self._reply_separator(prompt, before, choice), "")):
+            full = self._text_ids(before + sep + choice)
+            if full[:len(head)] == head and len(full) == len(head) + 1 and \
+                    self.tokenizer.decode(full[-1:]).strip() == choice.strip():
+                return full[-1:]
+        return []
+
+    def _reply_separator(self, prompt: str, before: str, choice: str) -> str:
+        """What the model writes between the generation prompt and its answer: without a chat template the
+        family's separator (" "; PaliGemma none); with one, the whitespace the template renders between the
+        generation prompt and the reply `choice` of the answered conversation (LLaVA's "ASSISTANT:" + " A"), none
+        where the answered conversation does not continue the generation prompt (thinking templates render their
+        answered turns without the thinking block their generation prompt opens or closes)."""
+        if self.prompt_format != "chat_template":
+            return self.family.answer_sep
+        full = self._template(self._conversation(prompt, 0 if self.blip else 1, choice), False)
+        if not full.startswith(before) or choice not in full[len(before):]:
+            return ""
+        gap = full[len(before):][:full[len(before):].index(choice)]
+        return gap if not gap.strip() else ""
 
     def _all_spellings(self, choice: str) -> list[int]:
         tok, ids = self.tokenizer, []
@@ -489,7 +590,7 @@ class GenerativeBackend:
 
         def run(batch, idx):
             conts = [flat[i * k + j] for i in idx for j in range(k)]
-            if not reuse_cache:
+            if not reuse_cache or not self.cache_reuse:
                 sums = self._full_forwards(batch, conts, k)
             elif self.encoder_decoder:
                 sums = self._decoder_on_encoder(batch, conts, k)
@@ -521,18 +622,18 @@ class GenerativeBackend:
         return out
 
     def _on_cache(self, batch: dict, flat: list[torch.Tensor], k: int) -> torch.Tensor:
-        out = self._forward(batch, use_cache=True, **self.keep_last)
+        positions = self.prompt_positions(batch)
+        out = self._forward(batch, positions, use_cache=True, **self.keep_last)
         cache = out.cache if getattr(out, "cache", None) is not None else out.language_model_outputs.cache
-        cache.batch_repeat_interleave(k)
+        if not _expand_cache(cache, k, len(batch["input_ids"])):
+            self.cache_reuse = False            # a cache with states that cannot be repeated: K full forwards
+            return self._full_forwards(batch, flat, k)
         first = out.logits[:, -1:].repeat_interleave(k, dim=0)                   # predicts each first token
         prefix_mask = batch["attention_mask"].repeat_interleave(k, dim=0)
         ids, mask = self._cont_batch(flat)
         kw = {}
-        if self.positions is not None:
-            text = prefix_mask.sum(1, keepdim=True) + torch.arange(ids.shape[1], device=self.device)
-            if self.positions == "mrope":   # what generate passes: text positions + the prompt's rope deltas
-                text = text + self.model.model.rope_deltas.repeat_interleave(k, dim=0).to(self.device)
-            kw["position_ids"] = text
+        if positions is not None:   # the continuation's: after each prompt's own last position
+            kw["position_ids"] = self._next_positions(positions.repeat_interleave(k, dim=-2), ids.shape[1])
         if not self.blip:
             extra = self._per_token({key: v.repeat_interleave(k, dim=0) for key, v in batch.items()
                                      if key in PER_TOKEN}, ids.shape[1], only_new=True)
