@@ -47,6 +47,15 @@ REAL = {
     "mllama": ((4096, 14336, 32, 8, 128, 128256), (1280, 5120, 16)),            # Llama-3.2-11B-Vision
     "aya-vision": ((4096, 14336, 32, 8, 128, 256000), (1152, 4304, 16)),        # aya-vision-8b
     "internvl": ((896, 4864, 14, 2, 64, 151674), (1024, 4096, 16)),             # InternVL3-1B
+    # the newest families: the widths of transformers' default config of the type (its documented checkpoint)
+    "qwen3.5": ((4096, 12288, 16, 4, 256, 248320), (1152, 4304, 16)),           # Qwen3_5Config
+    "gemma4": ((2304, 9216, 8, 4, 256, 262144), (768, 3072, 12)),              # Gemma4Config (gemma-4-e2b)
+    "gemma4-31b": ((2304, 9216, 8, 4, 256, 262144), (768, 3072, 12)),          # the same, 31B template shape
+    "glm-4.6v": ((4096, 13696, 32, 2, 128, 151552), (1536, 13696, 12)),        # Glm4vConfig (GLM-4.1V-9B)
+    "lfm2-vl": ((2560, 12288, 32, 8, 80, 65536), (768, 3072, 12)),             # Lfm2VlConfig
+    "cohere2-vision": ((8192, 22528, 64, 64, 128, 256000), (1152, 3072, 12)),  # Cohere2VisionConfig
+    "molmo2": ((4096, 12288, 32, 8, 128, 151936), (1152, 4304, 16)),           # Molmo2Config (Molmo2-8B)
+    "qwen3-vl-moe": ((2048, 5632, 16, 16, 128, 151936), (1152, 4304, 16)),     # Qwen3VLMoeConfig
 }
 PROMPT = ("Location: Brazil. Question: which traditional food is shown in this picture of the market? Options: "
           "A. rice and beans B. a fish stew C. cheese bread D. grilled meat Short Answer:")
@@ -62,8 +71,8 @@ def widen(cfg, family: str) -> None:
     if getattr(text, "query_pre_attn_scalar", None):
         text.query_pre_attn_scalar = head_dim
     rope = getattr(text, "rope_parameters", None) or {}
-    if "mrope_section" in rope:
-        half = head_dim // 2
+    if "mrope_section" in rope:           # the sections split the rotary half-dimension (partial rotary: a part)
+        half = int(head_dim * rope.get("partial_rotary_factor", 1.0)) // 2
         rope["mrope_section"] = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
     if family == "qwen2-vl":                  # vision width is embed_dim; hidden_size is the merger's output
         vision.embed_dim, vision.hidden_size, vision.num_heads = v_hidden, hidden, v_heads
@@ -82,6 +91,11 @@ def widen(cfg, family: str) -> None:
             vision.projection_dim = hidden
     if family == "paligemma":                 # its projector maps to the top-level projection_dim
         cfg.projection_dim = cfg.hidden_size = hidden
+    adapter = getattr(cfg, "adapter_config", None)
+    if adapter is not None:                   # Molmo2: the pooling attention on vision features, then to the LM
+        adapter.hidden_size, adapter.text_hidden_size = v_hidden, hidden
+        adapter.num_attention_heads = adapter.num_key_value_heads = v_heads
+        adapter.head_dim = v_hidden // v_heads
     if hasattr(vision, "num_hidden_layers"):
         vision.num_hidden_layers = 2
     elif hasattr(vision, "depth"):
