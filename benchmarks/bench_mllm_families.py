@@ -107,14 +107,15 @@ def backend(family: str, root: Path, quick: bool, device: str, dtype: str):
 
     from helpers_vlm_families import build_family
     from volta_ml.hf.loading import DTYPES
-    from volta_ml.hf.mllm import GenerativeBackend
+    from volta_ml.hf.generative import generative_backend
     path = build_family(family, root)
     cfg = AutoConfig.from_pretrained(path)
     if not quick:
         widen(cfg, family)
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(cfg).to(device, DTYPES[dtype]).eval()
-    return GenerativeBackend(ModelSpec(str(path), device=device, dtype=dtype), model, AutoProcessor.from_pretrained(path))
+    return generative_backend(ModelSpec(str(path), device=device, dtype=dtype), model,
+                              AutoProcessor.from_pretrained(path))
 
 
 def questions(n: int):

@@ -239,7 +239,7 @@ def test_two_images_per_prompt_batch_one_and_reference(name, family_root):
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in NO_TEMPLATE])
 def test_one_bos_and_the_letter_is_the_templates_answer_token(name, family_root):
     b = backend(name, family_root)
-    enc = b._encode(photos()[:1], PROMPTS[:1])
+    enc = b.encode(photos()[:1], PROMPTS[:1])
     bos = b.tokenizer.bos_token_id
     if bos is not None:
         assert (enc["input_ids"][0] == bos).sum().item() <= 1, "double BOS"
