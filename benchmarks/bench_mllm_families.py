@@ -11,7 +11,8 @@ ones (~45), and the tiny processors give fewer image tokens, so it is not the re
 
     python benchmarks/bench_mllm_families.py                       # every family, real widths (CPU: minutes)
     python benchmarks/bench_mllm_families.py --threads 2 --questions 8 --batch1_questions 2 --repeats 1  # the
-        # run of docs/hf_backends.md (13 families: 18 minutes on a loaded 2-core box, peak 10.6 GiB)
+        # run of docs/hf_backends.md (its first 13 families: 18 minutes on a loaded 2-core box, peak 10.6 GiB;
+        # Cohere2 Vision at Command A's widths needs more memory than that box has, even in bf16)
     python benchmarks/bench_mllm_families.py --quick               # the tiny test widths (a smoke run)
     python benchmarks/bench_mllm_families.py --families qwen2-vl internvl --device cuda
 """
