@@ -2,8 +2,8 @@
 
 Each family's tiny test folder gives the processor (and so the image-token counts of the test's small image
 sizes: tens of image tokens per photo, not the real checkpoints' hundreds) and the config, which is widened to the
-real checkpoint's text and vision widths and vocabulary (`REAL`), with 2 text and 2 vision layers and random
-weights. One question = one photo + the CVQA letter prompt (~30 words); the letter rule (one forward per
+real checkpoint's text and vision widths and vocabulary (`REAL`), with 2 text (Gemma 4: 3) and 2 vision layers and
+random weights. One question = one photo + the CVQA letter prompt (~30 words); the letter rule (one forward per
 question) is timed at batch 1 (one question per call) and batch 8, median of `--repeats`, after one warm-up
 question, in one process, one family at a time. "tokens / question" is the sequence one question gives the LM:
 the test's byte-level stand-in tokenizers (a few hundred tokens) cut the prompt into more tokens than the real
@@ -63,12 +63,13 @@ PROMPT = ("Location: Brazil. Question: which traditional food is shown in this p
 
 
 def widen(cfg, family: str) -> None:
-    """The config at the real widths of `family` (layers kept at 2; derived sizes follow)."""
+    """The config at the real widths of `family` (the test model's layers kept: 2, Gemma 4 3 with its last sharing
+    the KV of another; derived sizes follow)."""
     (hidden, inter, heads, kv, head_dim, vocab), (v_hidden, v_inter, v_heads) = REAL[family]
     text, vision = cfg.get_text_config(), cfg.vision_config
     text.hidden_size, text.intermediate_size, text.num_attention_heads = hidden, inter, heads
     text.num_key_value_heads, text.head_dim, text.vocab_size = kv, head_dim, vocab
-    text.num_hidden_layers = 2
+    text.num_hidden_layers = len(getattr(text, "layer_types", None) or [0, 0])   # the test model's (2; Gemma 4: 3)
     if getattr(text, "query_pre_attn_scalar", None):
         text.query_pre_attn_scalar = head_dim
     rope = getattr(text, "rope_parameters", None) or {}
@@ -176,7 +177,7 @@ def main(argv=None) -> list[dict]:
             params = sum(p.numel() for p in b.model.parameters())
             rows.append({"family": family, "batch1": one, "batch8": eight, "params": params,
                          "tokens": tokens_per_question(b), "seconds": time.perf_counter() - start})
-            widths = "tiny" if args.quick else "real, 2 layers"
+            widths = "tiny" if args.quick else f"real, {b.model.config.get_text_config().num_hidden_layers} layers"
             vocab = b.model.config.get_text_config().vocab_size
             print(f"| {family} | {widths} ({params / 1e6:.0f}M) | {vocab} | {rows[-1]['tokens']} | {one:.2f} | "
                   f"{eight:.2f} | {eight / one:.2f}x | {setup:.0f} | {rows[-1]['seconds'] - setup:.0f} |", flush=True)

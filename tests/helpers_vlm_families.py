@@ -434,9 +434,11 @@ def build_gemma4(out: Path) -> Path:
                                                         ("eoi_token_id", "<image|>"), ("video_token_id", "<|video|>"),
                                                         ("audio_token_id", "<|audio|>"), ("boa_token_id", "<|audio>"),
                                                         ("eoa_token_index", "<audio|>"))}
-    text = dict(model_type="gemma4_text", **_text(tok, head_dim=16, global_head_dim=16, hidden_size_per_layer_input=0,
-                                                  layer_types=["sliding_attention", "full_attention"],
-                                                  vocab_size_per_layer_input=len(tok)))
+    # as E2B / E4B: per-layer input embeddings, and the last layer reusing the KV of the last full-attention one
+    text = dict(model_type="gemma4_text", **_text(tok, head_dim=16, global_head_dim=16, hidden_size_per_layer_input=8,
+                                                  vocab_size_per_layer_input=len(tok), num_kv_shared_layers=1,
+                                                  layer_types=["sliding_attention", "full_attention", "full_attention"]))
+    text["num_hidden_layers"] = 3
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=2, head_dim=16, patch_size=8, pooling_kernel_size=2, position_embedding_size=64)
     cfg = tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None, **ids)

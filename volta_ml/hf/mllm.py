@@ -311,7 +311,8 @@ class GenerativeBackend:
         if self.enable_thinking is None:
             return {}
         if not isinstance(self.enable_thinking, bool):
-            raise BackendInputError(f"enable_thinking {self.enable_thinking!r} (spec.extra / --extra): use true or false")
+            raise BackendInputError(f"enable_thinking {self.enable_thinking!r} (spec.extra / --extra): use true or "
+                                    "false")
         if not template or "enable_thinking" not in str(template):
             raise BackendInputError(f"enable_thinking (spec.extra / --extra): {self.spec.model}'s chat template has no "
                                     "such switch")
