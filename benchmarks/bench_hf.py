@@ -129,7 +129,7 @@ def generative(name: str, device, dtype, scale):
     from transformers import (BlipImageProcessor, Blip2Config, Blip2ForConditionalGeneration, Blip2Processor,
                               CLIPImageProcessor, InstructBlipConfig, InstructBlipForConditionalGeneration,
                               InstructBlipProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor)
-    from volta_ml.hf.mllm import GenerativeBackend
+    from volta_ml.hf.generative import generative_backend
     reduced = scale == "reduced"
     tok = tokenizer(image_attr=name.startswith("llava"))
     if name == "llava-1.5-7b":
@@ -157,7 +157,7 @@ def generative(name: str, device, dtype, scale):
         cfg = ccls(vision_config=vision, qformer_config=qformer, text_config=_lm(lm, reduced), num_query_tokens=32,
                    image_token_index=tok.convert_tokens_to_ids("<image>"))
         model = _build(mcls, cfg, device, dtype)
-    return GenerativeBackend(ModelSpec(name, device=str(device)), model, proc)
+    return generative_backend(ModelSpec(name, device=str(device)), model, proc)
 
 
 # ---- timing --------------------------------------------------------------------------------------------------

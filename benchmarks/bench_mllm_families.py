@@ -2,8 +2,8 @@
 
 Each family's tiny test folder gives the processor (and so the image-token counts of the test's small image
 sizes: tens of image tokens per photo, not the real checkpoints' hundreds) and the config, which is widened to the
-real checkpoint's text and vision widths and vocabulary (`REAL`), with 2 text and 2 vision layers and random
-weights. One question = one photo + the CVQA letter prompt (~30 words); the letter rule (one forward per
+real checkpoint's text and vision widths and vocabulary (`REAL`), with 2 text (Gemma 4: 3) and 2 vision layers and
+random weights. One question = one photo + the CVQA letter prompt (~30 words); the letter rule (one forward per
 question) is timed at batch 1 (one question per call) and batch 8, median of `--repeats`, after one warm-up
 question, in one process, one family at a time. "tokens / question" is the sequence one question gives the LM:
 the test's byte-level stand-in tokenizers (a few hundred tokens) cut the prompt into more tokens than the real
@@ -11,7 +11,8 @@ ones (~45), and the tiny processors give fewer image tokens, so it is not the re
 
     python benchmarks/bench_mllm_families.py                       # every family, real widths (CPU: minutes)
     python benchmarks/bench_mllm_families.py --threads 2 --questions 8 --batch1_questions 2 --repeats 1  # the
-        # run of docs/hf_backends.md (13 families: 18 minutes on a loaded 2-core box, peak 10.6 GiB)
+        # run of docs/hf_backends.md (its first 13 families: 18 minutes on a loaded 2-core box, peak 10.6 GiB;
+        # Cohere2 Vision at Command A's widths needs more memory than that box has, even in bf16)
     python benchmarks/bench_mllm_families.py --quick               # the tiny test widths (a smoke run)
     python benchmarks/bench_mllm_families.py --families qwen2-vl internvl --device cuda
 """
@@ -47,23 +48,33 @@ REAL = {
     "mllama": ((4096, 14336, 32, 8, 128, 128256), (1280, 5120, 16)),            # Llama-3.2-11B-Vision
     "aya-vision": ((4096, 14336, 32, 8, 128, 256000), (1152, 4304, 16)),        # aya-vision-8b
     "internvl": ((896, 4864, 14, 2, 64, 151674), (1024, 4096, 16)),             # InternVL3-1B
+    # the newest families: the widths of transformers' default config of the type (its documented checkpoint)
+    "qwen3.5": ((4096, 12288, 16, 4, 256, 248320), (1152, 4304, 16)),           # Qwen3_5Config
+    "gemma4": ((2304, 9216, 8, 4, 256, 262144), (768, 3072, 12)),              # Gemma4Config (gemma-4-e2b)
+    "gemma4-31b": ((2304, 9216, 8, 4, 256, 262144), (768, 3072, 12)),          # the same, 31B template shape
+    "glm-4.6v": ((4096, 13696, 32, 2, 128, 151552), (1536, 13696, 12)),        # Glm4vConfig (GLM-4.1V-9B)
+    "lfm2-vl": ((2560, 12288, 32, 8, 80, 65536), (768, 3072, 12)),             # Lfm2VlConfig
+    "cohere2-vision": ((8192, 22528, 64, 64, 128, 256000), (1152, 3072, 12)),  # Cohere2VisionConfig
+    "molmo2": ((4096, 12288, 32, 8, 128, 151936), (1152, 4304, 16)),           # Molmo2Config (Molmo2-8B)
+    "qwen3-vl-moe": ((2048, 5632, 16, 16, 128, 151936), (1152, 4304, 16)),     # Qwen3VLMoeConfig
 }
 PROMPT = ("Location: Brazil. Question: which traditional food is shown in this picture of the market? Options: "
           "A. rice and beans B. a fish stew C. cheese bread D. grilled meat Short Answer:")
 
 
 def widen(cfg, family: str) -> None:
-    """The config at the real widths of `family` (layers kept at 2; derived sizes follow)."""
+    """The config at the real widths of `family` (the test model's layers kept: 2, Gemma 4 3 with its last sharing
+    the KV of another; derived sizes follow)."""
     (hidden, inter, heads, kv, head_dim, vocab), (v_hidden, v_inter, v_heads) = REAL[family]
     text, vision = cfg.get_text_config(), cfg.vision_config
     text.hidden_size, text.intermediate_size, text.num_attention_heads = hidden, inter, heads
     text.num_key_value_heads, text.head_dim, text.vocab_size = kv, head_dim, vocab
-    text.num_hidden_layers = 2
+    text.num_hidden_layers = len(getattr(text, "layer_types", None) or [0, 0])   # the test model's (2; Gemma 4: 3)
     if getattr(text, "query_pre_attn_scalar", None):
         text.query_pre_attn_scalar = head_dim
     rope = getattr(text, "rope_parameters", None) or {}
-    if "mrope_section" in rope:
-        half = head_dim // 2
+    if "mrope_section" in rope:           # the sections split the rotary half-dimension (partial rotary: a part)
+        half = int(head_dim * rope.get("partial_rotary_factor", 1.0)) // 2
         rope["mrope_section"] = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
     if family == "qwen2-vl":                  # vision width is embed_dim; hidden_size is the merger's output
         vision.embed_dim, vision.hidden_size, vision.num_heads = v_hidden, hidden, v_heads
@@ -82,6 +93,11 @@ def widen(cfg, family: str) -> None:
             vision.projection_dim = hidden
     if family == "paligemma":                 # its projector maps to the top-level projection_dim
         cfg.projection_dim = cfg.hidden_size = hidden
+    adapter = getattr(cfg, "adapter_config", None)
+    if adapter is not None:                   # Molmo2: the pooling attention on vision features, then to the LM
+        adapter.hidden_size, adapter.text_hidden_size = v_hidden, hidden
+        adapter.num_attention_heads = adapter.num_key_value_heads = v_heads
+        adapter.head_dim = v_hidden // v_heads
     if hasattr(vision, "num_hidden_layers"):
         vision.num_hidden_layers = 2
     elif hasattr(vision, "depth"):
@@ -93,14 +109,15 @@ def backend(family: str, root: Path, quick: bool, device: str, dtype: str):
 
     from helpers_vlm_families import build_family
     from volta_ml.hf.loading import DTYPES
-    from volta_ml.hf.mllm import GenerativeBackend
+    from volta_ml.hf.generative import generative_backend
     path = build_family(family, root)
     cfg = AutoConfig.from_pretrained(path)
     if not quick:
         widen(cfg, family)
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(cfg).to(device, DTYPES[dtype]).eval()
-    return GenerativeBackend(ModelSpec(str(path), device=device, dtype=dtype), model, AutoProcessor.from_pretrained(path))
+    return generative_backend(ModelSpec(str(path), device=device, dtype=dtype), model,
+                              AutoProcessor.from_pretrained(path))
 
 
 def questions(n: int):
@@ -160,7 +177,7 @@ def main(argv=None) -> list[dict]:
             params = sum(p.numel() for p in b.model.parameters())
             rows.append({"family": family, "batch1": one, "batch8": eight, "params": params,
                          "tokens": tokens_per_question(b), "seconds": time.perf_counter() - start})
-            widths = "tiny" if args.quick else "real, 2 layers"
+            widths = "tiny" if args.quick else f"real, {b.model.config.get_text_config().num_hidden_layers} layers"
             vocab = b.model.config.get_text_config().vocab_size
             print(f"| {family} | {widths} ({params / 1e6:.0f}M) | {vocab} | {rows[-1]['tokens']} | {one:.2f} | "
                   f"{eight:.2f} | {eight / one:.2f}x | {setup:.0f} | {rows[-1]['seconds'] - setup:.0f} |", flush=True)

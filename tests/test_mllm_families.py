@@ -4,8 +4,10 @@ For each family, a batch of 3 questions with photos of different sizes and promp
 the numbers of one question at a time (letter, open-ended with and without the KV cache, generation, blind
 control), and those must equal a reference made here the plain Hugging Face way: `processor.apply_chat_template(
 conversation with the image, tokenize=True, return_dict=True)` (PaliGemma: `processor(text="<image>" + prompt,
-images=...)`) and one forward of the model, reading the natural letter token (the first token after the
-generation prompt when the assistant's reply is the letter). Models are built and loaded once per session.
+images=...)`) and one forward of the model, reading the letter typed right after the generation prompt (after the
+space the family's template writes before its reply, `REPLY_SPACE`). Photo and blind batches give the same
+numbers in either order and on a fresh backend (positions come from each batch alone). Models are built and
+loaded once per session.
 """
 from __future__ import annotations
 
@@ -14,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from helpers_hf import images
-from helpers_vlm_families import FAMILIES, build_family, shared_root
+from helpers_vlm_families import FAMILIES, VARIANTS, build_family, shared_root, spec_extra
 from volta_ml.hf import BackendInputError, ModelSpec, load_backend
 from volta_ml.hf.mllm import GenerativeBackend
 
-NAMES = list(FAMILIES)
+NAMES = list(FAMILIES) + list(VARIANTS)
 LETTERS = ["A", "B", "C", "D"]
 PROMPTS = ["Location: Brazil. Question: what is shown in the picture? Options: A. a red car B. a blue bird "
            "C. a green tree D. a dog Short Answer:", "Question: which food is this? Short Answer:",
@@ -28,6 +30,9 @@ CONTS = [[" a red car", " bird", " a green tree near the river", " dog"], [" ric
 SIZES = [(40, 30), (64, 48), (30, 70)]
 TOL = 1e-4
 NO_TEMPLATE = ("paligemma",)   # PaliGemma has no chat template: "<image>" + prompt, the processor adds the rest
+# the templates that write a space between the generation prompt and the reply ("Assistant: A", "[/INST] A")
+REPLY_SPACE = ("idefics3", "smolvlm2", "llava-next")
+HYBRID = ("qwen3.5", "qwen3.5-nothink", "lfm2-vl")   # linear-attention / convolution states: no KV-cache reuse
 SINGLE_IMAGE = ("paligemma", "llava-next", "mllama")        # trained on one image per prompt: MaRVL's canvas
 MULTI_IMAGE = [n for n in NAMES if n not in SINGLE_IMAGE]
 # PaliGemma's processor builds its (unused) labels with np.array(..., copy=False) on a list: numpy 2 warns
@@ -45,8 +50,14 @@ _loaded: dict = {}
 
 def backend(name, root):
     if name not in _loaded:
-        _loaded[name] = load_backend("mllm", ModelSpec(str(build_family(name, root))))
+        _loaded[name] = load_backend("mllm", ModelSpec(str(build_family(name, root)), extra=spec_extra(name)))
     return _loaded[name]
+
+
+def fresh(name, root) -> GenerativeBackend:
+    """A new backend around the session's model and processor (whatever the model kept from earlier calls)."""
+    b = backend(name, root)
+    return GenerativeBackend(b.spec, b.model, b.processor)
 
 
 def photos(seed=0):
@@ -68,7 +79,7 @@ def _inputs(b, name, image, prompt):
         enc = b.processor(text="<image>" + prompt, images=[image or blank_image()], return_tensors="pt")
     else:
         enc = b.processor.apply_chat_template(_user(prompt, image), add_generation_prompt=True, tokenize=True,
-                                              return_dict=True, return_tensors="pt")
+                                              return_dict=True, return_tensors="pt", **spec_extra(name))
     return {k: v for k, v in enc.items() if k in b.forward_keys and k != "labels"}
 
 
@@ -78,16 +89,16 @@ def _text_ids(b, text):
 
 
 def natural_letter(b, name, prompt, letter):
+    """The letter typed right after the generation prompt (after the family's reply space): one token."""
     if name in NO_TEMPLATE:                                     # the answer follows the processor's "\n"
-        head = _text_ids(b, "<image>" + prompt + "\n")
-        full = _text_ids(b, "<image>" + prompt + "\n" + letter)
+        text = "<image>" + prompt + "\n"
     else:
         user = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
-        reply = [{"role": "assistant", "content": [{"type": "text", "text": letter}]}]
-        head = _text_ids(b, b.processor.apply_chat_template(user, add_generation_prompt=True))
-        full = _text_ids(b, b.processor.apply_chat_template(user + reply))
-    assert full[:len(head)] == head
-    return full[len(head)]
+        text = b.processor.apply_chat_template(user, add_generation_prompt=True, **spec_extra(name))
+    head = _text_ids(b, text)
+    full = _text_ids(b, text + (" " if name in REPLY_SPACE else "") + letter)
+    assert full[:len(head)] == head and len(full) == len(head) + 1
+    return full[-1]
 
 
 def ref_letters(b, name, image, prompt, letter_prompt):
@@ -101,7 +112,7 @@ def ref_logprob(b, name, image, prompt, cont):
     if name in NO_TEMPLATE:
         text, cont = "<image>" + prompt + "\n", cont.lstrip()
     else:
-        text = b.processor.apply_chat_template(_user(prompt, image), add_generation_prompt=True)
+        text = b.processor.apply_chat_template(_user(prompt, image), add_generation_prompt=True, **spec_extra(name))
     head, full = _text_ids(b, text), _text_ids(b, text + cont)
     ids = torch.tensor([full[len(head):]])
     n = ids.shape[1]
@@ -149,6 +160,28 @@ def test_open_ended_cache_plain_batch_one_and_reference(name, family_root):
     for k, cont in enumerate(CONTS[2]):
         want = ref_logprob(b, name, imgs[2][0], PROMPTS[2], cont)
         assert abs(sums[2, k].item() - want) < TOL * max(1.0, abs(want)), (name, k, sums[2, k].item(), want)
+    assert b.cache_reuse == (name not in HYBRID), "a cache that cannot be repeated takes the no-cache path"
+
+
+@pytest.mark.parametrize("name", NAMES)
+@torch.inference_mode()
+def test_photo_and_blind_batches_in_either_order_equal_the_reference(name, family_root):
+    """Positions come from each batch alone, never from what the model kept from the previous call (Qwen-VL and
+    GLM's `rope_deltas`): a blind batch on a fresh backend, then photos, then blind again (another batch size),
+    each equal to the plain one-question computation, for the open rule (KV cache) and the letter rule."""
+    b, imgs, blind = fresh(name, family_root), photos(seed=7), [[None]] * 3
+    first, _ = b.continuation_logprobs(blind, PROMPTS, CONTS)           # fresh backend: nothing kept yet
+    photo, _ = b.continuation_logprobs(imgs, PROMPTS, CONTS)
+    again, _ = b.continuation_logprobs(blind[:2], PROMPTS[:2], CONTS[:2])
+    letters = b.choice_logits(blind, PROMPTS, LETTERS)                   # after photos
+    for k, cont in enumerate(CONTS[1]):
+        for got, image in ((first, None), (photo, imgs[1][0])):
+            want = ref_logprob(b, name, image, PROMPTS[1], cont)
+            assert abs(got[1, k].item() - want) < TOL * max(1.0, abs(want)), (name, image, k, got[1, k].item(), want)
+    assert torch.allclose(again, first[:2], atol=TOL)
+    assert torch.allclose(letters[1], ref_letters(b, name, None, PROMPTS[1], PROMPTS[0]), atol=TOL)
+    photo_after, _ = b.continuation_logprobs(imgs[:1], PROMPTS[:1], CONTS[:1])   # photo after a blind batch
+    assert torch.allclose(photo_after[0], photo[0], atol=TOL)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -206,7 +239,7 @@ def test_two_images_per_prompt_batch_one_and_reference(name, family_root):
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in NO_TEMPLATE])
 def test_one_bos_and_the_letter_is_the_templates_answer_token(name, family_root):
     b = backend(name, family_root)
-    enc = b._encode(photos()[:1], PROMPTS[:1])
+    enc = b.encode(photos()[:1], PROMPTS[:1])
     bos = b.tokenizer.bos_token_id
     if bos is not None:
         assert (enc["input_ids"][0] == bos).sum().item() <= 1, "double BOS"
@@ -249,11 +282,13 @@ def test_cvqa_cli_default_batch_size_equals_one_question_at_a_time(name, family_
     from volta_ml.cvqa.prompts import generative_prompt
 
     out = tmp_path / name
+    switches = [f for key, value in spec_extra(name).items() for f in (f"--{key}", str(value).lower())]
     assert main(["cvqa", "score", "--backend", "mllm", "--model", str(build_family(name, family_root)),
                  "--data", str(release), "--output_dir", str(out), "--device", "cpu", "--no-progress",
-                 "--conditions", "en-aware", "--limit", "6"]) == 0          # default --batch_size (8): one batch
+                 "--conditions", "en-aware", "--limit", "6", *switches]) == 0   # default --batch_size (8): one batch
     results = json.loads((out / "cvqa_results.json").read_text())
     assert results["settings"]["batch_size"] == 8 and results["prompts_version"] == "cvqa-mllm-prompts-v2"
+    assert results["template_options"] == spec_extra(name)          # the template's switches are recorded
     chunks = {n: np.concatenate([np.load(p)["score"] for p in sorted((out / "chunks" / n).glob("*.npz"))])
               for n in ("en-aware", "en-aware.blind")}
     b = backend(name, family_root)
@@ -263,6 +298,73 @@ def test_cvqa_cli_default_batch_size_equals_one_question_at_a_time(name, family_
         np.testing.assert_allclose(chunks["en-aware"][k], b.choice_logits([[image]], prompt, LETTERS)[0], atol=TOL)
         np.testing.assert_allclose(chunks["en-aware.blind"][k], b.choice_logits([[None]], prompt, LETTERS)[0],
                                    atol=TOL)
+
+
+@pytest.mark.parametrize("name, batch_size", [("qwen2-vl", 8), ("qwen2-vl", 1), ("glm-4.6v", 8)])
+def test_cvqa_cli_open_rule_photo_and_text_only_equal_the_plain_computation(name, batch_size, family_root, release,
+                                                                           tmp_path):
+    """`volta-ml cvqa score --rule open`: the text-only pass runs after each batch's photo pass, on a model that
+    kept M-RoPE deltas from it; both passes equal log P(option | prompt) computed one question at a time (#30:
+    the blind scores were off by the previous batch's deltas, or failed on a fresh backend)."""
+    import numpy as np
+
+    from volta_ml.cli import main
+    from volta_ml.cvqa.data import load_cvqa
+    from volta_ml.cvqa.prompts import generative_prompt, open_answers
+    from helpers_cvqa import image_png
+    from PIL import Image
+    import io
+
+    out = tmp_path / name
+    assert main(["cvqa", "score", "--backend", "mllm", "--model", str(build_family(name, family_root)), "--rule",
+                 "open", "--data", str(release), "--output_dir", str(out), "--device", "cpu", "--no-progress",
+                 "--conditions", "en-aware", "--limit", "5", "--batch-size", str(batch_size)]) == 0
+    chunks = {n: np.concatenate([np.load(p)["score"] for p in sorted((out / "chunks" / n).glob("*.npz"))])
+              for n in ("en-aware", "en-aware.blind")}
+    b = backend(name, family_root)
+    with torch.inference_mode():
+        for k, q in enumerate(load_cvqa(release, limit=5).questions):
+            prompt = generative_prompt(q, "en-aware", "open")
+            photo = Image.open(io.BytesIO(image_png(q.image_id))).convert("RGB")
+            for pass_name, image in (("en-aware", photo), ("en-aware.blind", None)):
+                want = [ref_logprob(b, name, image, prompt, answer) for answer in open_answers(q, "en-aware")]
+                np.testing.assert_allclose(chunks[pass_name][k], want, atol=TOL, rtol=0, err_msg=f"{pass_name} {k}")
+
+
+def test_a_model_type_whose_own_forward_fails_is_one_line(family_root, release, tmp_path, capsys):
+    """Llama 4 fails inside transformers 5.24's own forward (its output class lacks a field the forward reads):
+    loading it is one `ModelLoadError` line naming the model type; `volta-ml cvqa score` exits 2 with that line."""
+    import transformers
+
+    from volta_ml.cli import main
+    from volta_ml.hf import ModelLoadError
+    path = build_family("llama4", family_root)
+    try:
+        load_backend("mllm", ModelSpec(str(path)))
+    except ModelLoadError as e:
+        assert "\n" not in str(e) and f"model type 'llama4' fails in the forward of the installed transformers " \
+            f"{transformers.__version__}" in str(e)
+    else:
+        pytest.skip(f"transformers {transformers.__version__} runs Llama 4's forward")
+    capsys.readouterr()
+    assert main(["cvqa", "score", "--backend", "mllm", "--model", str(path), "--data", str(release), "--output_dir",
+                 str(tmp_path / "out"), "--device", "cpu", "--no-progress", "--conditions", "en-aware", "--limit",
+                 "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err) and "model type 'llama4' fails in the forward" in err[-1]
+
+
+def test_a_template_switch_is_refused_where_the_template_has_none(family_root):
+    b = backend("gemma3", family_root)
+    with pytest.raises(BackendInputError, match="gemma3's chat template has no such switch"):
+        GenerativeBackend(ModelSpec(b.spec.model, extra={"enable_thinking": False}), b.model, b.processor)
+    q = backend("qwen3.5", family_root)
+    with pytest.raises(BackendInputError, match="enable_thinking 'no'"):
+        GenerativeBackend(ModelSpec(q.spec.model, extra={"enable_thinking": "no"}), q.model, q.processor)
+    assert q.template_options == {} and backend("qwen3.5-nothink", family_root).template_options == \
+        {"enable_thinking": False}
+    assert q.render("Hi?", 1).endswith("<|im_start|>assistant\n<think>\n")        # the template's own: thinking
+    assert backend("qwen3.5-nothink", family_root).render("Hi?", 1).endswith("<think>\n\n</think>\n\n")
 
 
 def test_parse_choice_letters_and_option_texts():

@@ -37,7 +37,7 @@ DEFAULTS = {
     "model_revision": None, "image_model": None, "text_base": None, "dtype": "fp32", "device": "auto",
     "device_map": None, "batch_size": 8, "chunk_size": 256, "text_only": True, "limit": None, "progress": True,
     "predictions": None, "max_side": None, "max_pixels": None, "allow_missing_keys": False, "letter_layout": "paper",
-    "letter_spellings": "natural", "adapter": None,
+    "letter_spellings": "natural", "adapter": None, "enable_thinking": None,
 }
 REQUIRED = ("data", "backend", "output_dir")
 # What a resumed run must match (anything else, e.g. batch size or device, may change); the model's and the
@@ -199,7 +199,8 @@ def decode_photo(data: bytes, image_id: str, args: dict, failed: dict):
 
 
 def resume_fingerprint(header: dict, dataset: CVQADataset, args: dict) -> dict:
-    """What the saved chunks must have been scored with: the settings of `RESUME_KEYS`, the model's content
+    """What the saved chunks must have been scored with: the settings of `RESUME_KEYS` (and the chat template's
+    switches, `template_options`, when set), the model's content
     (weights, config, tokenizer: `digest.content_fingerprint`; the image tower too for mclip, a LoRA adapter's
     files for mllm; the files of
     `--predictions` for import) and the data (revision, question list, shard contents)."""
@@ -207,7 +208,8 @@ def resume_fingerprint(header: dict, dataset: CVQADataset, args: dict) -> dict:
 
     models = {"model": (args["model"], args["model_revision"]), "image_model": (args["image_model"], None),
               "adapter": (args.get("adapter"), None)}
-    return {"format": 2, **{k: header.get(k) for k in RESUME_KEYS}, "data_revision": dataset.revision,
+    options = {"template_options": header["template_options"]} if header.get("template_options") else {}
+    return {"format": 2, **{k: header.get(k) for k in RESUME_KEYS}, **options, "data_revision": dataset.revision,
             "questions_sha1": hashlib.sha1("\n".join(q.id for q in dataset.questions).encode()).hexdigest(),
             **{f"{key}_content": content_fingerprint(name, revision) for key, (name, revision) in models.items()
                if name},

@@ -131,6 +131,7 @@ class GenerativeScorer:
         template = self.rule if self.layout == "paper" or self.rule == "open" else f"{self.rule}-{self.layout}"
         return {**_spec_header(self.model), "rule": self.rule, "template": template,
                 "letter_spellings": spellings if self.rule == "letter" else None,
+                "template_options": dict(getattr(self.model, "template_options", {})),
                 "prompts_version": GENERATIVE_PROMPTS_VERSION, "score_convention": convention}
 
     def _prompt(self, question: CVQAQuestion, condition: str) -> str:
@@ -287,6 +288,10 @@ def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> 
     extra = {key: args[key] for key in ("image_model", "text_base") if args.get(key)}
     if backend == "mllm" and args.get("letter_spellings"):
         extra["letter_spellings"] = args["letter_spellings"]
+    if args.get("enable_thinking") is not None:
+        if backend != "mllm":
+            raise UsageError(f"--enable_thinking: only the mllm backend has a chat template (got --backend {backend})")
+        extra["enable_thinking"] = args["enable_thinking"]
     if args.get("adapter") and backend != "mllm":
         raise UsageError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {backend})")
     spec = ModelSpec(model=args["model"], revision=args["model_revision"], dtype=args["dtype"], device=device,

@@ -76,6 +76,9 @@ def register(subparsers) -> None:
     hf.add_argument("--letter_spellings", "--letter-spellings", dest="letter_spellings", choices=LETTER_SPELLINGS,
                     default="natural", help="mllm letter rule: natural = the letter token the model writes as its "
                     "answer (the paper's rule); all = logsumexp over the letter's single-token spellings")
+    hf.add_argument("--enable_thinking", "--enable-thinking", dest="enable_thinking", choices=("true", "false"),
+                    default=None, help="mllm: the chat template's thinking switch (Qwen3.5, Gemma 4, GLM-4.6V); "
+                    "default: the template's own (recorded in cvqa_results.json as template_options)")
     hf.add_argument("--letter_layout", "--letter-layout", dest="letter_layout", choices=sorted(LETTER_LAYOUTS),
                     default="paper", help="mllm letter/generate: paper = the options on one line (the paper's "
                     "prompt); lines = one option per line (a named variant, recorded in the results)")
@@ -193,7 +196,9 @@ def _run_backend(args) -> str | None:
             "image_model", "text_base", "dtype", "device", "device_map", "chunk_size", "text_only", "limit",
             "output_dir", "progress", "predictions", "max_side", "max_pixels", "allow_missing_keys", "letter_layout",
             "letter_spellings", "adapter")
-    return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8})
+    thinking = None if args.enable_thinking is None else args.enable_thinking == "true"
+    return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8,
+                        "enable_thinking": thinking})
 
 
 RUNNERS = {"zoo": _run_zoo}   # every other backend: backend_run.run_backend

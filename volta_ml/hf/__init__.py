@@ -20,8 +20,8 @@ def _mclip(spec: ModelSpec) -> DualEncoder:
 
 
 def _mllm(spec: ModelSpec) -> Generative:
-    from .mllm import GenerativeBackend
-    return GenerativeBackend(spec)
+    from .generative import generative_backend
+    return generative_backend(spec)
 
 
 BACKENDS = {

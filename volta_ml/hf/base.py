@@ -22,17 +22,21 @@ Refinements made while implementing (no signature changed; all additions are opt
   no-reuse baseline; same numbers). A continuation's tokens are those it adds after the rendered prompt
   (decoder-only LMs; alone for encoder-decoder LMs): pass the leading
   space your prompt needs (" Paris" after "Answer:").
-- `choice_logits`: a choice's logit is that of the token the model writes as its answer (the first token after
-  the generation prompt of the conversation answered with the choice; without a template what `" A"` adds after
-  the prompt), one spelling for every choice, checked per model (one token, decodes back to the choice, no two
-  choices share a token); `spec.extra["letter_spellings"] = "all"`: logsumexp over every single-token spelling.
+- `choice_logits`: a choice's logit is that of the letter typed right after the generation prompt (after the
+  space the template writes before its reply where the letter absorbs it, LLaVA's `" A"`; without a template
+  what `" A"` adds after the prompt; thinking templates: right after the generation prompt they end with), one
+  spelling for every choice, checked per model (one token, decodes back to the choice, no two choices share a
+  token); `spec.extra["letter_spellings"] = "all"`: logsumexp over every single-token spelling.
+- Chat-template switches are `spec.extra` options (`enable_thinking`: true / false, absent = the template's own
+  default), refused where the template has none, and carried as `backend.template_options` for the records.
 - Generative backends also carry `prompt_format` ("chat_template" or "fallback: ...", to record with results)
   and `choice_ids(choices)`; a blind prompt on a LLaVA-like model has no image at all, BLIP-family models get
   `volta_ml.hf.loading.blank_image()` (uniform grey), as do the dual encoders for a `None` image.
 - `ModelSpec.adapter`: a folder written by peft's `save_pretrained` (`volta-ml train --hf_backend mllm` writes
   one, `<run dir>/hf_best`); the generative backend applies it to the loaded model (`loading.attach_adapter`).
 - Backends accept an already built model/processor (`ClipBackend(spec, model, processor)`,
-  `GenerativeBackend(spec, model, processor)`, `MClipBackend(spec, parts)`) for random-weight benchmarks.
+  `hf.generative.generative_backend(spec, model, processor)`, `MClipBackend(spec, parts)`) for random-weight
+  benchmarks; the generative one picks the class for the model (`hf/mllm.py`'s core, or `hf/blip.py`).
 """
 from __future__ import annotations
 

@@ -1,56 +1,59 @@
-"""Generative image-text models: LLaVA-1.5, BLIP-2 / mBLIP and InstructBLIP (the CVQA paper's models) and the
-current open families tested in tests/test_mllm_families.py (docs/hf_backends.md has the table).
+"""Generative image-text models, the core: a decoder-only LM whose text holds the image placeholders the model's
+own processor expands (LLaVA, Qwen-VL, Qwen3.5, Gemma 3 / 4, PaliGemma, Idefics3/SmolVLM, LLaVA-NeXT/OneVision,
+Mistral 3, Mllama, Aya Vision, InternVL, GLM-4.6V, LFM2-VL, Cohere2 Vision, Molmo2: docs/hf_backends.md has the
+table). The BLIP family (query tokens prepended, OPT / BLOOM or T5 / mT0 LMs) is `hf/blip.py`; which class a model
+gets is the table of `hf/generative.py`; what differs between families is the one family table, `hf/families.py`.
 
-How inputs are built.
-- Image-token families (LLaVA, Qwen-VL, Gemma 3, PaliGemma, Idefics3/SmolVLM, LLaVA-NeXT/OneVision, Mistral 3,
-  Mllama, Aya Vision, InternVL): ONE call of the model's own processor per batch, with the tokenizer's padding
-  side set to the left. The processor then pads every per-token key (`token_type_ids`, `mm_token_type_ids`,
-  `cross_attention_mask`) and every pixel tensor (patches, tiles, H x W, `pixel_attention_mask`, `image_sizes`,
-  `image_grid_thw`) the way its model expects. Outputs that are not arguments of the model's forward (`labels`)
-  are dropped. A batch mixing prompts with different numbers of images (a blind row among photo rows) is split
-  into groups of equal image count, one processor call each.
-- BLIP-family models (query tokens prepended to the text): each example goes through the processor alone and the
-  batch is padded by hand: decoder-only LMs on the LEFT with all pads before the query tokens (the processor
-  would put them between the query tokens and the text); encoder-decoder LMs (T5) on the RIGHT. Q-Former texts
-  (InstructBLIP) are right-padded and truncated to the Q-Former's length as LAVIS does (`max_txt_len`, 128 by
-  default, never more than the Q-Former's position table); `self.qformer_truncated` counts the cut texts.
+How inputs are built: ONE call of the model's own processor per batch, with the tokenizer's padding side set to
+the left. The processor then pads every per-token key (`token_type_ids`, `mm_token_type_ids`,
+`cross_attention_mask`) and every pixel tensor (patches, tiles, H x W, `pixel_attention_mask`, `image_sizes`,
+`image_grid_thw`) the way its model expects. Outputs that are not arguments of the model's forward (`labels`) are
+dropped. A batch mixing prompts with different numbers of images (a blind row among photo rows) is split into
+groups of equal image count, one processor call each.
 
 The text is tokenised once, as `processor.apply_chat_template(tokenize=True)` does: the user turn is rendered
 through the chat template; when the rendered text already starts with the tokenizer's BOS, no special tokens are
-added again (no double BOS). Without a chat template (or `spec.extra["chat_template"] = False`) the frame is the
-family's (`Family.fallback`): LLaVA-like `<image>\\n` per image then the prompt; PaliGemma `<image>` per image
-then the prompt (its processor adds BOS and the closing newline); BLIP family the prompt as is (its processor
-prepends the query tokens). `self.prompt_format` says which was used.
+added again (no double BOS). The template's switches are options: `spec.extra["enable_thinking"]` (true / false;
+absent: the template's own default, e.g. Qwen3.5 and GLM-4.6V think, Gemma 4 does not) is passed to every
+rendering, refused where the template has no such switch, and recorded (`template_options`). Without a chat
+template (or `spec.extra["chat_template"] = False`) the frame is the family's (`Family.fallback`): LLaVA-like
+`<image>\\n` per image then the prompt; PaliGemma `<image>` per image then the prompt (its processor adds BOS and
+the closing newline); BLIP family the prompt as is. `self.prompt_format` says which was used.
 
-Positions. The model computes its own positions unless the backend must supply them:
-- `mrope` (Qwen-VL: the model has `get_rope_index`): never passed for the prompt (the model builds the 3-D
-  positions from the attention mask); a KV-cache continuation gets the text positions + the model's stored
-  `rope_deltas`, as `generate` gives them.
-- `mask` (every other decoder-only LM that takes `position_ids`): positions counted over the real tokens
-  (cumsum of the attention mask - 1), as `generate` computes them for left padding.
-- encoder-decoder LMs: none (relative attention).
+Positions come from each batch's own inputs, never from state the model keeps between calls (Qwen-VL's and GLM's
+`rope_deltas` of the previous batch): `prompt_positions(batch)` is the model's `get_rope_index` on this batch for
+M-RoPE families (a text-only batch: text positions in each section), else counted over the real tokens (cumsum of
+the attention mask - 1, as `generate` does for left padding); every forward passes them. A continuation written
+after the prompt (KV cache or full forward) counts on from each row's largest prompt position, as `generate` does.
 KV-cache continuations carry what `generate` carries: `cross_attention_mask` (Mllama: the prompt's last row
 repeated), `token_type_ids` / `mm_token_type_ids` over the continuation (0 = text; PaliGemma 1 = causal suffix).
 
 Blind control (`None` images): families whose processor runs without an image get none (a text-only prompt);
-BLIP-family models and PaliGemma (processors that require an image) get `blank_image()`.
+those whose processor requires an image (`Family.needs_image`: PaliGemma, BLIP family) get `blank_image()`.
+
+At load, one forward of a one-word blind prompt: a model type whose own forward fails in the installed
+transformers (Llama 4 in 5.24) is one `ModelLoadError` line naming it and the version.
 
 Scoring.
-- `choice_logits` (the CVQA paper's MMLU-style letter rule): a choice's score is the next-token logit of the
-  token the model writes as its answer: the first token after the generation prompt when the conversation is
-  rendered with the assistant's reply set to the choice ("A"); without a chat template, the token that `" A"`
-  adds after the prompt (PaliGemma: "A" after its processor's newline); encoder-decoder LMs (T5): the decoder's
-  token of "A". One spelling for every choice; `ChoiceTokenError` (one line) when a choice is not one token. `spec.extra["letter_spellings"] = "all"` instead combines every single-token spelling of the choice
-  ("A", " A") by logsumexp of their logits (summed probabilities), never a max of raw logits.
-- `continuation_logprobs`: decoder-only LMs score the tokens that `prompt + continuation` adds after the prompt
-  (the prompt's tokens checked to be a prefix), so pass the leading space your prompt needs (" Paris" after
-  "Answer:"). The prompt runs once and the K continuations of each prompt run as one batch on its KV cache;
-  `reuse_cache=False` is K full forwards (same numbers). Encoder-decoder LMs run the encoder once and the
-  decoder on the K continuations (tokenised alone: the decoder starts from its start token).
+- `choice_logits` (the CVQA paper's MMLU-style letter rule): a choice's score is the next-token logit of the letter
+  typed right after the generation prompt: the tokens that `choice` adds after the rendered prompt, after the
+  separator the model's reply starts with when it merges into the letter (the template's whitespace between its
+  generation prompt and the reply of the answered conversation: LLaVA's "ASSISTANT:" + " A"; without a template
+  the family's " " (PaliGemma: "A" after its processor's newline)); else the bare letter. Thinking templates
+  (Qwen3.5 thinking on, Gemma 4 26B / 31B, GLM-4.6V) render answered turns without the thinking block their
+  generation prompt opens or closes: the letter is read right after that generation prompt. One token per
+  choice; `ChoiceTokenError` (one line) when a choice is not one token. `spec.extra["letter_spellings"] = "all"`
+  instead combines every single-token spelling of the choice ("A", " A") by logsumexp of their logits (summed
+  probabilities), never a max of raw logits.
+- `continuation_logprobs`: the tokens that `prompt + continuation` adds after the prompt (the prompt's tokens
+  checked to be a prefix), so pass the leading space your prompt needs (" Paris" after "Answer:"). The prompt
+  runs once and the K continuations of each prompt run as one batch on its KV cache, repeated K times per row;
+  a cache whose states the repeat does not cover (linear-attention / convolution layers: Qwen3.5, LFM2-VL) turns
+  `self.cache_reuse` off and the K continuations run as full forwards (same numbers), as `reuse_cache=False` does.
 - `generate`: greedy (`model.generate`, no sampling, one beam).
 
 Images per prompt (`self.max_images`; None = no limit but the context): `spec.extra["max_images"]` when given;
-else 1 for families whose checkpoints were trained on one image per prompt (`Family.max_images`: BLIP family,
+else `Family.max_images` for families whose checkpoints were trained on one image per prompt (BLIP family,
 PaliGemma, LLaVA-1.5, LLaVA-NeXT, Mllama); else no limit when the processor places a second image (probed at
 load: a prompt with two images gets other image tokens than with one: `_places_second_image`), 1 when it does
 not. A value of 2 or more is refused (`BackendInputError`) where the processor places one image only. `iglue-hf`
@@ -61,7 +64,6 @@ from __future__ import annotations
 
 import inspect
 import re
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -69,37 +71,10 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .base import LETTER_SPELLINGS, BackendInputError, ChoiceTokenError, ModelSpec
+from .families import family
 from .loading import (ModelLoadError, attach_adapter, blank_image, float_dtype, input_device, load_model,
-                      load_processor)
+                      load_processor, one_line)
 
-QUERY_PREPENDED = ("Blip2ForConditionalGeneration", "InstructBlipForConditionalGeneration")  # BLIP family
-LM_KEYS = ("input_ids", "attention_mask")
-QFORMER_KEYS = ("qformer_input_ids", "qformer_attention_mask")
-QFORMER_MAX_TXT_LEN = 128          # LAVIS InstructBLIP's `max_txt_len` for the Q-Former's instruction
-
-
-@dataclass(frozen=True)
-class Family:
-    """The few things that differ between families (keyed by `config.model_type`; default: `Family()`)."""
-    needs_image: bool = False        # the processor cannot run without an image: the blind control gets a blank one
-    fallback: str = "image_newline"  # frame without a chat template: "image_newline" (<image>\n per image),
-    #                                  "image_prefix" (<image> per image, the processor adds BOS), "as_is" (BLIP)
-    max_images: int | None = None    # images per prompt of its checkpoints' training when one (model cards); None:
-    #                                  as many as the processor places (probed at load)
-    frame_end: str = ""              # what the processor appends after the prompt (PaliGemma: "\n")
-    answer_sep: str = " "            # between that and the answer without a chat template (PaliGemma: none)
-    continuation_types: int = 0      # token_type_ids of answer tokens (PaliGemma: 1 = the causal suffix)
-
-
-FAMILIES = {
-    "blip-2": Family(needs_image=True, fallback="as_is", max_images=1),
-    "instructblip": Family(needs_image=True, fallback="as_is", max_images=1),
-    "paligemma": Family(needs_image=True, fallback="image_prefix", max_images=1, frame_end="\n", answer_sep="",
-                        continuation_types=1),
-    "llava": Family(max_images=1),        # LLaVA-1.5 (LLaVA-Interleave, Pixtral-12B share the type: max_images 2)
-    "llava_next": Family(max_images=1),   # LLaVA-NeXT (1.6)
-    "mllama": Family(max_images=1),       # Llama 3.2 Vision: Meta recommends one image per prompt
-}
 NOT_INPUTS = ("labels",)             # processor outputs that the forward takes but that are not inputs (a loss)
 # per-token keys (shape [B, L, ...]) and how a continuation extends them: a fill value, or "last" (repeat the
 # prompt's last position, as Mllama's generate does for cross_attention_mask)
@@ -124,19 +99,50 @@ def _params(fn) -> set[str]:
     return set(inspect.signature(fn).parameters)
 
 
-def _extend(key: str, value: torch.Tensor, width: int, family: Family) -> torch.Tensor:
-    """`value` [B, L, ...] followed by `width` continuation positions (PER_TOKEN's rule for `key`)."""
-    fill = family.continuation_types if key == "token_type_ids" else PER_TOKEN[key]
-    if fill == "last":
-        tail = value[:, -1:].expand(-1, width, *value.shape[2:])
-    else:
-        tail = torch.full((value.shape[0], width, *value.shape[2:]), fill, dtype=value.dtype, device=value.device)
-    return torch.cat([value, tail], 1)
+def is_encoder_decoder(config) -> bool:
+    """Whether the model's language model is an encoder-decoder (T5 / mT0 in BLIP-2, InstructBLIP, mBLIP)."""
+    return bool(getattr(config.get_text_config(), "is_encoder_decoder", False))
+
+
+def _batch_tensors(layer) -> dict[str, torch.Tensor]:
+    """A cache layer's tensors by attribute (and key, for dicts of states), to check its batch dimension."""
+    out = {}
+    for name, value in vars(layer).items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for key, tensor in items:
+            if torch.is_tensor(tensor) and tensor.dim() > 0:
+                out[f"{name}[{key}]"] = tensor
+    return out
+
+
+def _expand_cache(cache, k: int, rows: int) -> bool:
+    """Repeat each row of `cache` K times in place (`batch_repeat_interleave`); False when the cache cannot be
+    expanded: it has no such method, or a layer kept a tensor of `rows` rows that the repeat left as it was (a
+    linear-attention layer's conv / recurrent states, which only some cache classes repeat). The cache is then
+    unusable and the caller takes the no-cache path."""
+    if k == 1:
+        return True
+    layers = list(getattr(cache, "layers", []))
+    before = [{n for n, t in _batch_tensors(layer).items() if t.shape[0] == rows} for layer in layers]
+    try:
+        cache.batch_repeat_interleave(k)
+    except (AttributeError, NotImplementedError):
+        return False
+    after = [_batch_tensors(layer) for layer in layers]
+    return all(now[n].shape[0] == rows * k for now, names in zip(after, before) for n in names if n in now)
 
 
 class GenerativeBackend:
+    """The `Generative` contract (hf/base.py) for a decoder-only LM with image placeholders in its text. Subclasses
+    (hf/blip.py) override the hooks marked "hook" for another input layout or an encoder-decoder LM."""
+    layout = "image_tokens"          # the `Family.layout` and LM kind this class takes (hf/generative.py's table)
+    encoder_decoder = False
+    blip = False                     # query tokens prepended to the LM input (hf/blip.py)
+    pad_left = True                  # decoder-only LMs continue after the prompt: pads on the left
+
     def __init__(self, spec: ModelSpec, model=None, processor=None):
-        """Loads `spec`; or wraps an already built `model` + `processor` (benchmarks with random weights)."""
+        """Loads `spec`; or wraps an already built `model` + `processor` (benchmarks with random weights).
+        `hf.generative.generative_backend` picks the class for a model."""
         from transformers import AutoModelForImageTextToText, AutoProcessor
         self.spec = spec
         self.model = model if model is not None else \
@@ -146,29 +152,22 @@ class GenerativeBackend:
             attach_adapter(self.model, spec.adapter).eval()
         self.tokenizer = self.processor.tokenizer
         cfg = self.model.config
-        self.family = FAMILIES.get(cfg.model_type, Family())
-        self.blip = type(self.model).__name__ in QUERY_PREPENDED
-        if self.blip:
-            self._query_placeholders()
-        self.encoder_decoder = bool(getattr(cfg.get_text_config(), "is_encoder_decoder", False))
-        if not self.encoder_decoder:
+        self.family = family(cfg.model_type)
+        if (self.family.layout, is_encoder_decoder(cfg)) != (self.layout, self.encoder_decoder):
+            raise ModelLoadError(f"{spec.model}: {type(self).__name__} does not take model type {cfg.model_type!r} "
+                                 "(build the backend with volta_ml.hf.generative.generative_backend)")
+        if self.pad_left:
             self.tokenizer.padding_side = "left"
-        # the module that continues a sequence from a cache: the LM itself (BLIP) or the whole model without pixels
-        self.lm = self.model.language_model if self.blip else self.model
+        self._setup()
         self.forward_keys = _params(self.model.forward)
-        inner = getattr(self.model, "model", None)
-        if self.encoder_decoder:
-            self.positions = None
-        elif hasattr(inner, "get_rope_index"):
-            self.positions = "mrope"
-        else:
-            lm = self.lm if self.blip else getattr(inner, "language_model", self.model)
-            self.positions = "mask" if "position_ids" in _params(lm.forward) else None
+        self.positions = self._position_kind()
         self.keep_last = {"logits_to_keep": 1} if "logits_to_keep" in _params(self.lm.forward) else {}
         self.letter_spellings = spec.extra.get("letter_spellings", "natural")
         if self.letter_spellings not in LETTER_SPELLINGS:
             raise ValueError(f"letter_spellings {self.letter_spellings!r}: use one of {', '.join(LETTER_SPELLINGS)}")
         use_template = spec.extra.get("chat_template", True) and getattr(self.processor, "chat_template", None)
+        self.enable_thinking = spec.extra.get("enable_thinking")
+        self.template_options = self._template_options(use_template)
         self.prompt_format = "chat_template" if use_template else {
             "as_is": "fallback: prompt as is (the processor places the image tokens)",
             "image_prefix": "fallback: <image> per image, then the prompt (the processor adds BOS and \\n)",
@@ -177,27 +176,147 @@ class GenerativeBackend:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else self.tokenizer.eos_token_id
         self.device, self.dtype = input_device(self.model), float_dtype(self.model)
-        # the short-answer VQA frame of the family's paper (BLIP-2 §4.2; InstructBLIP as BLIP-2 with its LM)
-        self.vqa_frame = None if not self.blip else ("Question: {} Short answer:" if self.encoder_decoder
-                                                      else "Question: {} Answer:")
-        self.qformer_max = self._qformer_max()
-        self.qformer_truncated = 0
         self._choice_cache: dict[tuple, list[list[int]]] = {}
+        # the open rule continues each prompt from its KV cache repeated K times, until a cache that cannot be
+        # repeated (hybrid / linear-attention layers' recurrent states) turns this off: K full forwards instead
+        self.cache_reuse = True
+        self._check_forward()
 
-    def _query_placeholders(self) -> None:
-        """Checkpoints published before transformers put the query tokens in the text (mBLIP: no image token in
-        config or processor) would otherwise run with the image silently dropped: give the processor the model's
-        query count and the model the processor's image-token id (an unused row of the padded vocabulary)."""
-        cfg = self.model.config
-        if getattr(self.processor, "num_query_tokens", None) is None:
-            self.processor.num_query_tokens = cfg.num_query_tokens
-        if cfg.image_token_index is None:
-            image_id = self.tokenizer.convert_tokens_to_ids(str(self.processor.image_token))
-            rows = self.model.get_input_embeddings().num_embeddings
-            if image_id >= rows:
-                raise ModelLoadError(f"{self.spec.model}: no image token in its config and the processor's "
-                                     f"({image_id}) is outside the LM's {rows}-row vocabulary")
-            cfg.image_token_index = image_id
+    # ---- hooks: what the layout / LM kind changes ------------------------------------------------------------
+    vqa_frame: str | None = None     # the short-answer VQA frame of the family's paper (BLIP family)
+
+    def _setup(self) -> None:
+        """hook: what a layout needs before the inputs are built."""
+
+    @property
+    def lm(self):
+        """hook: the module that continues a sequence from a cache (here the whole model, without pixels)."""
+        return self.model
+
+    def _text_lm(self):
+        """hook: the text model whose forward says whether it takes `position_ids`."""
+        return getattr(getattr(self.model, "model", None), "language_model", self.model)
+
+    def _position_kind(self) -> str | None:
+        """hook: "mrope" (the model has `get_rope_index`), "mask" (its LM takes `position_ids`) or None."""
+        self.rope_index = getattr(getattr(self.model, "model", None), "get_rope_index", None)
+        if self.rope_index is not None:
+            self.rope_keys = _params(self.rope_index)
+            return "mrope"
+        return "mask" if "position_ids" in _params(self._text_lm().forward) else None
+
+    def _template_images(self, num_images: int) -> int:
+        """hook: the image entries the chat template gets for `num_images` images."""
+        return num_images
+
+    def _batch(self, images, prompts) -> dict:
+        """hook: the model inputs of prompts that share their number of images (one processor call)."""
+        imgs = [self._images(im) for im in images]
+        texts = [self.render(p, len(im)) for p, im in zip(prompts, imgs)]
+        kw = {"add_special_tokens": self._special_tokens(texts[0])}
+        if any(imgs):
+            kw["images"] = imgs
+        enc = self.processor(text=texts, padding=True, return_tensors="pt", **kw)
+        return self._device({k: v for k, v in enc.items()
+                             if k in self.forward_keys and k not in NOT_INPUTS and torch.is_tensor(v)})
+
+    def _next_token_logits(self, batch: dict) -> torch.Tensor:
+        """hook: [B, V] logits of the token after each prompt."""
+        return self._forward(batch, **self.keep_last).logits[:, -1]
+
+    def _letter_ids(self, prompt: str, choice: str) -> list[int]:
+        """hook: the letter rule's token of `choice` (the module docstring), empty when it is not one token."""
+        before = self.render(prompt, 1)
+        if self.prompt_format != "chat_template":
+            before += self.family.frame_end
+        head = self._text_ids(before)
+        for sep in dict.fromkeys((self._reply_separator(prompt, before, choice), "")):
+            full = self._text_ids(before + sep + choice)
+            if full[:len(head)] == head and len(full) == len(head) + 1 and \
+                    self.tokenizer.decode(full[-1:]).strip() == choice.strip():
+                return full[-1:]
+        return []
+
+    def continuation_ids(self, prompt: str, continuation: str, num_images: int = 1) -> list[int]:
+        """hook: the tokens `continuation` adds after the rendered prompt (checked to be a prefix)."""
+        text = self.render(prompt, num_images)
+        if self.prompt_format != "chat_template":
+            text += self.family.frame_end
+            if not self.family.answer_sep:
+                continuation = continuation.lstrip()
+        head, full = self._text_ids(text), self._text_ids(text + continuation)
+        if full[:len(head)] != head:
+            raise ValueError(f"{self.spec.model}: the prompt's tokens change when {continuation!r} follows it "
+                             "(the continuation merges with the prompt's last token)")
+        ids = full[len(head):]
+        if not ids:
+            raise ValueError(f"{self.spec.model}: continuation {continuation!r} has no tokens")
+        return ids
+
+    def _reused(self, batch: dict, flat: list[torch.Tensor], k: int) -> torch.Tensor:
+        """hook: the summed log-probabilities [n * k] of the K continuations of each prompt, the prompt encoded
+        once: its KV cache repeated K times (the no-cache path where the cache cannot be repeated)."""
+        positions = self.prompt_positions(batch)
+        out = self._forward(batch, positions, use_cache=True, **self.keep_last)
+        cache = out.cache if getattr(out, "cache", None) is not None else out.language_model_outputs.cache
+        if not _expand_cache(cache, k, len(batch["input_ids"])):
+            self.cache_reuse = False            # a cache with states that cannot be repeated: K full forwards
+            return self._full_forwards(batch, flat, k)
+        first = out.logits[:, -1:].repeat_interleave(k, dim=0)                   # predicts each first token
+        prefix_mask = batch["attention_mask"].repeat_interleave(k, dim=0)
+        ids, mask = self._cont_batch(flat)
+        kw = self._continuation_keys(batch, k, ids.shape[1])
+        if positions is not None:   # the continuation's: after each prompt's own last position
+            kw["position_ids"] = self._next_positions(positions.repeat_interleave(k, dim=-2), ids.shape[1])
+        rest = self.lm(input_ids=ids, attention_mask=torch.cat([prefix_mask, mask], 1), cache=cache,
+                       use_cache=False, **kw).logits
+        return self._gather(torch.cat([first, rest[:, :-1]], 1), ids, mask)
+
+    def _continuation_keys(self, batch: dict, k: int, width: int) -> dict:
+        """hook: the per-token keys of `width` continuation positions of each prompt repeated K times."""
+        return self._per_token({key: v.repeat_interleave(k, dim=0) for key, v in batch.items() if key in PER_TOKEN},
+                               width, only_new=True)
+
+    def _full_forward_sums(self, batch: dict, conts: list[torch.Tensor]) -> torch.Tensor:
+        """hook: [n] summed log-probabilities of one continuation per prompt, one forward of prompt + answer."""
+        full, ids, mask = self.append_continuations(batch, conts)
+        return self._gather(self.continuation_logits(full, ids.shape[1]), ids, mask)
+
+    def _generated(self, out: torch.Tensor, batch: dict) -> torch.Tensor:
+        """hook: the new tokens of `generate`'s output (decoder-only LMs return the prompt first)."""
+        width = batch["input_ids"].shape[1]
+        if out.shape[1] >= width and torch.equal(out[:, :width], batch["input_ids"]):
+            return out[:, width:]
+        return out
+
+    # ---- load-time checks and options -------------------------------------------------------------------------
+    def _check_forward(self) -> None:
+        """One forward of a one-word blind prompt at load: a model type whose own forward fails in the installed
+        transformers (Llama 4 in 5.24: its output class lacks a field the forward reads) is one line naming it,
+        not a traceback at the first batch."""
+        import transformers
+        try:
+            with torch.inference_mode():
+                self._next_token_logits(self._batch([[None]], ["?"]))
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:
+            raise ModelLoadError(f"{self.spec.model}: model type {self.model.config.model_type!r} fails in the forward "
+                                 f"of the installed transformers {transformers.__version__} ({type(e).__name__}: "
+                                 f"{one_line(e)}); run it with a transformers version that supports it") from None
+
+    def _template_options(self, template) -> dict:
+        """The chat template's switches set in spec.extra (`enable_thinking`: None = the template's own default);
+        a switch the template does not read is refused (it would silently change nothing)."""
+        if self.enable_thinking is None:
+            return {}
+        if not isinstance(self.enable_thinking, bool):
+            raise BackendInputError(f"enable_thinking {self.enable_thinking!r} (spec.extra / --extra): use true or "
+                                    "false")
+        if not template or "enable_thinking" not in str(template):
+            raise BackendInputError(f"enable_thinking (spec.extra / --extra): {self.spec.model}'s chat template has no "
+                                    "such switch")
+        return {"enable_thinking": self.enable_thinking}
 
     def _max_images(self, asked) -> int | None:
         """Images one prompt may carry (None: no limit but the context); the module docstring has the rule."""
@@ -213,11 +332,11 @@ class GenerativeBackend:
     def _places_second_image(self) -> bool:
         """Whether the processor puts a second image of a prompt into the text: the model's image tokens for two
         blank images differ in number from those for one (most processors: twice as many; LLaVA-OneVision
-        switches to its multi-image mode). BLIP family: the query tokens come once per prompt."""
+        switches to its multi-image mode)."""
         cfg = self.model.config
         image_id = getattr(cfg, "image_token_id", None)
         image_id = getattr(cfg, "image_token_index", None) if image_id is None else image_id
-        if self.blip or image_id is None:
+        if image_id is None:
             return False
 
         def count(n: int) -> int:
@@ -228,26 +347,22 @@ class GenerativeBackend:
         one = count(1)
         return count(2) not in (0, one)
 
-    def _qformer_max(self) -> int | None:
-        """InstructBLIP: LAVIS truncates the Q-Former's instruction to `max_txt_len` (128) tokens."""
-        if getattr(self.processor, "qformer_tokenizer", None) is None:
-            return None
-        table = getattr(self.model.config.qformer_config, "max_position_embeddings", QFORMER_MAX_TXT_LEN)
-        return min(QFORMER_MAX_TXT_LEN, table)
-
     # ---- prompts ---------------------------------------------------------------------------------------------
     def _conversation(self, prompt: str, num_images: int, reply: str | None = None) -> list[dict]:
-        content = [{"type": "image"}] * num_images + [{"type": "text", "text": prompt}]
+        content = [{"type": "image"}] * self._template_images(num_images) + [{"type": "text", "text": prompt}]
         turns = [{"role": "user", "content": content}]
         if reply is not None:
             turns.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
         return turns
 
+    def _template(self, conversation: list[dict], generation_prompt: bool) -> str:
+        return self.processor.apply_chat_template(conversation, add_generation_prompt=generation_prompt,
+                                                  tokenize=False, **self.template_options)
+
     def render(self, prompt: str, num_images: int) -> str:
         """The text the processor gets for this user turn (chat template or the family's fallback frame)."""
         if self.prompt_format == "chat_template":
-            return self.processor.apply_chat_template(self._conversation(prompt, 0 if self.blip else num_images),
-                                                      add_generation_prompt=True, tokenize=False)
+            return self._template(self._conversation(prompt, num_images), True)
         if self.family.fallback == "as_is":
             return prompt
         sep = "\n" if self.family.fallback == "image_newline" else ""
@@ -267,7 +382,7 @@ class GenerativeBackend:
         imgs = [im for im in images if im is not None]
         if self.max_images is not None and len(imgs) > self.max_images:
             raise BackendInputError(f"{self.spec.model}: {len(imgs)} images in one prompt, the model takes at most "
-                             f"{self.max_images} (spec.extra['max_images'] for multi-image models)")
+                                    f"{self.max_images} (spec.extra['max_images'] for multi-image models)")
         if self.family.needs_image and not imgs:
             imgs = [blank_image()]
         return imgs
@@ -283,45 +398,6 @@ class GenerativeBackend:
         return {k: (v.to(self.device, self.dtype) if v.is_floating_point() else v.to(self.device))
                 for k, v in batch.items()}
 
-    def _encode(self, images, prompts) -> dict:
-        """One processor call for prompts with the same number of images; only the model's forward arguments."""
-        imgs = [self._images(im) for im in images]
-        texts = [self.render(p, len(im)) for p, im in zip(prompts, imgs)]
-        kw = {"add_special_tokens": self._special_tokens(texts[0])}
-        if any(imgs):
-            kw["images"] = imgs
-        enc = self.processor(text=texts, padding=True, return_tensors="pt", **kw)
-        return self._device({k: v for k, v in enc.items()
-                             if k in self.forward_keys and k not in NOT_INPUTS and torch.is_tensor(v)})
-
-    def _blip_example(self, images, prompt: str) -> dict:
-        imgs = self._images(images)
-        enc = self.processor(images=imgs, text=self.render(prompt, len(imgs)), return_tensors="pt")
-        return {k: (v[0] if k in LM_KEYS + QFORMER_KEYS else v) for k, v in enc.items() if k in self.forward_keys}
-
-    def _blip_collate(self, items: list[dict]) -> dict:
-        left = not self.encoder_decoder
-        batch = {"input_ids": _pad([it["input_ids"] for it in items], self.pad_id, left),
-                 "attention_mask": _pad([it["attention_mask"] for it in items], 0, left)}
-        if "qformer_input_ids" in items[0]:
-            qpad = self.processor.qformer_tokenizer.pad_token_id
-            qids = [it["qformer_input_ids"] for it in items]
-            if self.qformer_max is not None:    # as the tokenizer truncates: the closing [SEP] kept
-                self.qformer_truncated += sum(len(q) > self.qformer_max for q in qids)
-                qids = [q if len(q) <= self.qformer_max else torch.cat([q[:self.qformer_max - 1], q[-1:]])
-                        for q in qids]
-            batch["qformer_input_ids"] = _pad(qids, qpad, False)
-            batch["qformer_attention_mask"] = _pad([it["qformer_attention_mask"][:len(q)]
-                                                    for it, q in zip(items, qids)], 0, False)
-        batch["pixel_values"] = torch.cat([it["pixel_values"] for it in items])
-        return self._device(batch)
-
-    def _batch(self, images, prompts) -> dict:
-        """The model inputs of prompts that share their number of images."""
-        if self.blip:
-            return self._blip_collate([self._blip_example(im, p) for im, p in zip(images, prompts)])
-        return self._encode(images, prompts)
-
     def _grouped(self, images, prompts, fn) -> torch.Tensor:
         """fn(sub-batch inputs, indices) -> [n, ...] per group of equal image count, put back in batch order."""
         if len(images) != len(prompts):
@@ -334,10 +410,31 @@ class GenerativeBackend:
             out[idx] = part
         return out
 
-    def _forward(self, batch: dict, **kw):
-        """The whole model on a prepared batch (images included); positions only where the model needs them."""
+    def prompt_positions(self, batch: dict) -> torch.Tensor | None:
+        """The position ids of a prepared batch, from its own inputs only (never from what the model keeps
+        between calls): M-RoPE ([3, B, L]) from the model's `get_rope_index` on this batch (a text-only batch:
+        no image tokens, the text positions in each section); otherwise counted over the real tokens ([B, L]);
+        None where the model takes none (encoder-decoder LMs, LMs without `position_ids`)."""
         if self.positions == "mask":
-            kw["position_ids"] = _positions(batch["attention_mask"])
+            return _positions(batch["attention_mask"])
+        if self.positions != "mrope":
+            return None
+        inputs = {k: v for k, v in batch.items() if k in self.rope_keys}
+        if "mm_token_type_ids" in self.rope_keys and "mm_token_type_ids" not in inputs:
+            inputs["mm_token_type_ids"] = torch.zeros_like(batch["input_ids"])
+        return self.rope_index(**inputs)[0]
+
+    @staticmethod
+    def _next_positions(positions: torch.Tensor, width: int) -> torch.Tensor:
+        """The positions of `width` tokens written after each row of a prompt whose positions are `positions`
+        ([..., B, L]): one after the row's largest, then counting up (as `generate` continues a prompt)."""
+        return positions.amax(-1, keepdim=True) + 1 + torch.arange(width, device=positions.device)
+
+    def _forward(self, batch: dict, positions: torch.Tensor | None = None, **kw):
+        """The whole model on a prepared batch (images included), with the batch's own positions."""
+        positions = self.prompt_positions(batch) if positions is None else positions
+        if positions is not None:
+            kw["position_ids"] = positions
         return self.model(**batch, **kw)
 
     # ---- inputs + answers, for training (volta_ml/iglue_hf/train_generative.py) ------------------------------
@@ -372,8 +469,7 @@ class GenerativeBackend:
         eos = str(self.tokenizer.eos_token or "")
         if self.prompt_format == "chat_template":
             head = self.render(prompt, num_images)
-            full = self.processor.apply_chat_template(self._conversation(prompt, 0 if self.blip else num_images, answer),
-                                                      add_generation_prompt=False, tokenize=False)
+            full = self._template(self._conversation(prompt, num_images, answer), False)
             if not full.startswith(head):
                 raise ValueError(f"{self.spec.model}: its chat template renders an answered conversation that does "
                                  "not start with the generation prompt; it cannot be trained on answers")
@@ -384,31 +480,20 @@ class GenerativeBackend:
             reply = self.family.answer_sep + answer + eos
         return self.continuation_ids(prompt, reply, num_images)
 
-    def _start(self, n: int) -> torch.Tensor:
-        start = self.model.config.get_text_config().decoder_start_token_id
-        return torch.full((n, 1), start, dtype=torch.long, device=self.device)
-
     # ---- the letter rule ---------------------------------------------------------------------------------------
-    def _natural_token(self, prompt: str, choice: str) -> list[int]:
-        """The token the model writes as its answer `choice` after the prompt (empty when that is not one token);
-        encoder-decoder LMs: the decoder's first token of `choice` (the answer starts the decoder's text)."""
-        if self.encoder_decoder:
-            ids = self.tokenizer(choice, add_special_tokens=False)["input_ids"]
-            ok = len(ids) == 1 and ids[0] != self.tokenizer.unk_token_id
-            return ids if ok and self.tokenizer.decode(ids).strip() == choice.strip() else []
-        if self.prompt_format == "chat_template":
-            n = 0 if self.blip else 1
-            before = self.render(prompt, n)
-            after = self.processor.apply_chat_template(self._conversation(prompt, 0 if self.blip else n, choice),
-                                                       add_generation_prompt=False, tokenize=False)
-        else:
-            before = self.render(prompt, 1) + self.family.frame_end
-            after = before + self.family.answer_sep + choice
-        head, full = self._text_ids(before), self._text_ids(after)
-        if full[:len(head)] != head or len(full) == len(head):
-            return []
-        token = full[len(head)]
-        return [token] if self.tokenizer.decode([token]).strip() == choice.strip() else []
+    def _reply_separator(self, prompt: str, before: str, choice: str) -> str:
+        """What the model writes between the generation prompt and its answer: without a chat template the
+        family's separator (" "; PaliGemma none); with one, the whitespace the template renders between the
+        generation prompt and the reply `choice` of the answered conversation (LLaVA's "ASSISTANT:" + " A"), none
+        where the answered conversation does not continue the generation prompt (thinking templates render their
+        answered turns without the thinking block their generation prompt opens or closes)."""
+        if self.prompt_format != "chat_template":
+            return self.family.answer_sep
+        full = self._template(self._conversation(prompt, 1, choice), False)
+        if not full.startswith(before) or choice not in full[len(before):]:
+            return ""
+        gap = full[len(before):][:full[len(before):].index(choice)]
+        return gap if not gap.strip() else ""
 
     def _all_spellings(self, choice: str) -> list[int]:
         tok, ids = self.tokenizer, []
@@ -419,13 +504,13 @@ class GenerativeBackend:
         return ids
 
     def choice_ids(self, choices: Sequence[str], prompt: str = "Question: ? Short Answer:") -> list[list[int]]:
-        """Per choice, the token(s) scored: the natural answer token (letter_spellings "natural", one each) or
+        """Per choice, the token(s) scored: the letter rule's token (letter_spellings "natural", one each) or
         every single-token spelling ("all"); checked per model."""
         key = tuple(choices)
         if key not in self._choice_cache:
             seen, out = {}, []
             for c in choices:
-                ids = self._natural_token(prompt, c) if self.letter_spellings == "natural" else self._all_spellings(c)
+                ids = self._letter_ids(prompt, c) if self.letter_spellings == "natural" else self._all_spellings(c)
                 if not ids:
                     raise ChoiceTokenError(f"{self.spec.model}: the choice {c!r} is not a single token of its "
                                            f"tokenizer after the prompt; score this model with the open rule "
@@ -444,35 +529,11 @@ class GenerativeBackend:
         ids = self.choice_ids(choices, prompts[0] if prompts else "")
 
         def run(batch, idx):
-            if self.encoder_decoder:
-                logits = self.model(**batch, decoder_input_ids=self._start(len(idx))).logits[:, -1]
-            else:
-                logits = self._forward(batch, **self.keep_last).logits[:, -1]
-            logits = logits.float().cpu()
+            logits = self._next_token_logits(batch).float().cpu()
             return torch.stack([torch.logsumexp(logits[:, c], dim=1) for c in ids], dim=1)
         return self._grouped(images, prompts, run)
 
     # ---- continuations -----------------------------------------------------------------------------------------
-    def continuation_ids(self, prompt: str, continuation: str, num_images: int = 1) -> list[int]:
-        """The tokens `continuation` adds after the rendered prompt (decoder-only LMs; checked to be a prefix),
-        or the continuation tokenised alone (encoder-decoder LMs: the decoder starts from its start token)."""
-        if self.encoder_decoder:
-            ids = self.tokenizer(continuation, add_special_tokens=False)["input_ids"]
-        else:
-            text = self.render(prompt, num_images)
-            if self.prompt_format != "chat_template":
-                text += self.family.frame_end
-                if not self.family.answer_sep:
-                    continuation = continuation.lstrip()
-            head, full = self._text_ids(text), self._text_ids(text + continuation)
-            if full[:len(head)] != head:
-                raise ValueError(f"{self.spec.model}: the prompt's tokens change when {continuation!r} follows it "
-                                 "(the continuation merges with the prompt's last token)")
-            ids = full[len(head):]
-        if not ids:
-            raise ValueError(f"{self.spec.model}: continuation {continuation!r} has no tokens")
-        return ids
-
     def _continuation_ids(self, images, prompts, continuations) -> tuple[list[torch.Tensor], int]:
         if len(continuations) != len(prompts):
             raise ValueError(f"{len(continuations)} continuation lists for {len(prompts)} prompts")
@@ -489,12 +550,8 @@ class GenerativeBackend:
 
         def run(batch, idx):
             conts = [flat[i * k + j] for i in idx for j in range(k)]
-            if not reuse_cache:
-                sums = self._full_forwards(batch, conts, k)
-            elif self.encoder_decoder:
-                sums = self._decoder_on_encoder(batch, conts, k)
-            else:
-                sums = self._on_cache(batch, conts, k)
+            reuse = reuse_cache and self.cache_reuse
+            sums = self._reused(batch, conts, k) if reuse else self._full_forwards(batch, conts, k)
             return sums.view(len(idx), k)
         sums = self._grouped(images, prompts, run)
         counts = torch.tensor([len(t) for t in flat], dtype=torch.long).view(len(prompts), k)
@@ -512,60 +569,28 @@ class GenerativeBackend:
         return ids, mask
 
     def _per_token(self, batch: dict, width: int, only_new: bool) -> dict:
-        """The batch's per-token keys extended over `width` continuation positions (only those if `only_new`)."""
+        """The batch's per-token keys extended over `width` continuation positions (only those if `only_new`):
+        a fill value (token types: text 0; `Family.continuation_types` for `token_type_ids`) or the prompt's last
+        position repeated (PER_TOKEN)."""
         out = {}
         for key in PER_TOKEN:
             if key in batch:
-                full = _extend(key, batch[key], width, self.family)
-                out[key] = full[:, -width:] if only_new else full
+                value = batch[key]
+                fill = self.family.continuation_types if key == "token_type_ids" else PER_TOKEN[key]
+                if fill == "last":
+                    tail = value[:, -1:].expand(-1, width, *value.shape[2:])
+                else:
+                    tail = torch.full((value.shape[0], width, *value.shape[2:]), fill, dtype=value.dtype,
+                                      device=value.device)
+                out[key] = tail if only_new else torch.cat([value, tail], 1)
         return out
 
-    def _on_cache(self, batch: dict, flat: list[torch.Tensor], k: int) -> torch.Tensor:
-        out = self._forward(batch, use_cache=True, **self.keep_last)
-        cache = out.cache if getattr(out, "cache", None) is not None else out.language_model_outputs.cache
-        cache.batch_repeat_interleave(k)
-        first = out.logits[:, -1:].repeat_interleave(k, dim=0)                   # predicts each first token
-        prefix_mask = batch["attention_mask"].repeat_interleave(k, dim=0)
-        ids, mask = self._cont_batch(flat)
-        kw = {}
-        if self.positions is not None:
-            text = prefix_mask.sum(1, keepdim=True) + torch.arange(ids.shape[1], device=self.device)
-            if self.positions == "mrope":   # what generate passes: text positions + the prompt's rope deltas
-                text = text + self.model.model.rope_deltas.repeat_interleave(k, dim=0).to(self.device)
-            kw["position_ids"] = text
-        if not self.blip:
-            extra = self._per_token({key: v.repeat_interleave(k, dim=0) for key, v in batch.items()
-                                     if key in PER_TOKEN}, ids.shape[1], only_new=True)
-            kw.update(extra)
-        rest = self.lm(input_ids=ids, attention_mask=torch.cat([prefix_mask, mask], 1), cache=cache,
-                       use_cache=False, **kw).logits
-        return self._gather(torch.cat([first, rest[:, :-1]], 1), ids, mask)
-
-    def _decoder_on_encoder(self, batch: dict, flat: list[torch.Tensor], k: int) -> torch.Tensor:
-        out = self.model(**batch, decoder_input_ids=self._start(len(batch["input_ids"])))
-        encoded = out.language_model_outputs.encoder_last_hidden_state.repeat_interleave(k, dim=0)
-        ids, mask = self._cont_batch(flat)
-        dec_in = torch.cat([self._start(len(flat)), ids[:, :-1]], 1)
-        logits = self.lm(encoder_outputs=(encoded,), attention_mask=batch["attention_mask"].repeat_interleave(k, 0),
-                         decoder_input_ids=dec_in, decoder_attention_mask=torch.cat([mask[:, :1], mask[:, :-1]], 1)
-                         ).logits
-        return self._gather(logits, ids, mask)
-
     def _full_forwards(self, batch: dict, flat: list[torch.Tensor], k: int) -> torch.Tensor:
-        """No reuse: K forwards of the whole model (images included), one per continuation index. Each row is
-        [left pads][prompt][continuation][right pads]: the real tokens stay contiguous."""
+        """No reuse: K forwards of the whole model (images included), one per continuation index."""
         n = len(batch["input_ids"])
         sums = torch.zeros(n, k)
         for j in range(k):
-            conts = [flat[i * k + j] for i in range(n)]
-            ids, mask = self._cont_batch(conts)
-            if self.encoder_decoder:
-                dec_in = torch.cat([self._start(n), ids[:, :-1]], 1)
-                logits = self.model(**batch, decoder_input_ids=dec_in).logits
-                sums[:, j] = self._gather(logits, ids, mask)
-                continue
-            full, ids, mask = self.append_continuations(batch, conts)
-            sums[:, j] = self._gather(self.continuation_logits(full, ids.shape[1]), ids, mask)
+            sums[:, j] = self._full_forward_sums(batch, [flat[i * k + j] for i in range(n)])
         return sums.flatten()
 
     @torch.inference_mode()
@@ -577,10 +602,7 @@ class GenerativeBackend:
             batch = self._batch([images[i] for i in idx], [prompts[i] for i in idx])
             out = self.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                                       pad_token_id=self.pad_id)
-            width = batch["input_ids"].shape[1]
-            if not self.encoder_decoder and out.shape[1] >= width and torch.equal(out[:, :width], batch["input_ids"]):
-                out = out[:, width:]
-            for i, text in zip(idx, self.tokenizer.batch_decode(out, skip_special_tokens=True)):
+            for i, text in zip(idx, self.tokenizer.batch_decode(self._generated(out, batch), skip_special_tokens=True)):
                 answers[i] = text.strip()
         return answers
 

@@ -1,5 +1,6 @@
-"""LoRA on the language model of a generative image-text model, with `peft`: which families can be fine-tuned, the
-modules LoRA adapts by default, and the multimodal projector `--train_projector` unfreezes (one table).
+"""LoRA on the language model of a generative image-text model, with `peft`. Which families can be fine-tuned, the
+modules LoRA adapts by default and the multimodal projector `--train_projector` unfreezes are columns of the one
+family table, `volta_ml/hf/families.py` (rows with a `projector`).
 
 - LoRA goes on the linear layers named by `--lora_target` (default: the family's attention projections) INSIDE
   the language model only (`model.get_decoder()`): vision towers that also have `q_proj`/`v_proj` (SigLIP, CLIP)
@@ -10,45 +11,22 @@ modules LoRA adapts by default, and the multimodal projector `--train_projector`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import nn
 
 from volta_ml.engine.failures import UsageError
-
-ATTENTION = ("q_proj", "v_proj")     # LoRA's original choice (Hu et al., 2021): query and value projections
-
-
-@dataclass(frozen=True)
-class LoraFamily:
-    projector: str                   # the multimodal projector's module name (last part(s) of its qualified name)
-    targets: tuple[str, ...] = ATTENTION
+from volta_ml.hf.families import FAMILIES, Family, fine_tuned
 
 
-# config.json model_type -> family; the families of the mllm backend whose inputs are [image tokens + text]
-# (BLIP-2 / InstructBLIP, whose query tokens are prepended and whose T5 LMs are encoder-decoders, are not here)
-FAMILIES = {
-    "llava": LoraFamily("multi_modal_projector"),
-    "llava_next": LoraFamily("multi_modal_projector"),
-    "llava_onevision": LoraFamily("multi_modal_projector"),
-    "qwen2_vl": LoraFamily("visual.merger"),
-    "qwen2_5_vl": LoraFamily("visual.merger"),
-    "qwen3_vl": LoraFamily("visual.merger"),
-    "idefics3": LoraFamily("connector"),
-    "smolvlm": LoraFamily("connector"),
-    "gemma3": LoraFamily("multi_modal_projector"),
-    "paligemma": LoraFamily("multi_modal_projector"),
-    "mistral3": LoraFamily("multi_modal_projector"),
-    "mllama": LoraFamily("multi_modal_projector"),
-    "aya_vision": LoraFamily("multi_modal_projector"),
-    "internvl": LoraFamily("multi_modal_projector"),
-}
+def trainable(model_type: str | None) -> bool:
+    """Whether `model_type` is a generative family volta-ml fine-tunes (BLIP-2 / InstructBLIP, whose query tokens
+    are prepended and whose T5 LMs are encoder-decoders, are not)."""
+    return model_type in fine_tuned()
 
 
-def family(model_type: str | None, model: str) -> LoraFamily:
-    if model_type not in FAMILIES:
+def family(model_type: str | None, model: str) -> Family:
+    if not trainable(model_type):
         raise UsageError(f"{model}: model_type {model_type!r} is not a generative family volta-ml can fine-tune "
-                         f"(known: {', '.join(FAMILIES)})")
+                         f"(known: {', '.join(fine_tuned())})")
     return FAMILIES[model_type]
 
 
@@ -68,14 +46,14 @@ def lora_targets(model: nn.Module, names: list[str], what: str) -> list[str]:
     return [f"{prefix}.{name}" for name, leaf in linear.items() if leaf in names]
 
 
-def projector_name(model: nn.Module, fam: LoraFamily, what: str) -> str:
+def projector_name(model: nn.Module, fam: Family, what: str) -> str:
     found = [name for name, _ in model.named_modules() if name == fam.projector or name.endswith("." + fam.projector)]
     if len(found) != 1:
         raise UsageError(f"--train_projector: {what} has {len(found)} modules named {fam.projector!r}")
     return found[0]
 
 
-def add_lora(model: nn.Module, fam: LoraFamily, args, what: str):
+def add_lora(model: nn.Module, fam: Family, args, what: str):
     """The `PeftModel` around `model` (modified in place): a new LoRA from the flags, or `--hf_adapter`'s."""
     from peft import LoraConfig, get_peft_model
 
@@ -85,7 +63,7 @@ def add_lora(model: nn.Module, fam: LoraFamily, args, what: str):
             return attach_adapter(model, args.hf_adapter, trainable=True)
         except ModelLoadError as error:
             raise UsageError(f"--hf_adapter: {error}") from None
-    names = [n.strip() for n in (args.lora_target or ",".join(fam.targets)).split(",") if n.strip()]
+    names = [n.strip() for n in (args.lora_target or ",".join(fam.lora_targets)).split(",") if n.strip()]
     if args.lora_r < 1:
         raise UsageError(f"--lora_r {args.lora_r}: the rank must be at least 1")
     config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,

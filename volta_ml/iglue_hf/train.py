@@ -79,11 +79,12 @@ def model_type(spec) -> str | None:
 
 def training_kind(spec, backend: str | None) -> str:
     """"generative" (LoRA, `train_generative.py`) or "dual encoder" (this module), from `--hf_backend` or, without
-    it, from config.json's `model_type` (a generative family of `lora.FAMILIES`)."""
-    from .lora import FAMILIES
+    it, from config.json's `model_type` (a family LoRA fine-tunes: `lora.trainable`, the family table's rows with a
+    projector)."""
+    from .lora import trainable
     if backend not in (None, "clip", "mclip", "mllm"):
         raise UsageError(f"--hf_backend {backend!r}: unknown; known: clip (CLIP, SigLIP, SigLIP-2), mclip, mllm")
-    if backend == "mllm" or (backend is None and model_type(spec) in FAMILIES):
+    if backend == "mllm" or (backend is None and trainable(model_type(spec))):
         return "generative"
     return "dual encoder"
 
@@ -91,7 +92,7 @@ def training_kind(spec, backend: str | None) -> str:
 def dual_encoder_loss(spec, backend: str | None) -> str:
     """The loss the model was trained with (M-CLIP: InfoNCE), from its config.json `model_type`; one-line errors
     otherwise."""
-    from .lora import FAMILIES
+    from volta_ml.hf.families import fine_tuned
     kind = model_type(spec)
     if backend in ("clip", "mclip") and (backend == "mclip") != (kind == "M-CLIP"):
         raise UsageError(f"--hf_backend {backend}: {spec.model} has model_type {kind!r}")
@@ -100,7 +101,7 @@ def dual_encoder_loss(spec, backend: str | None) -> str:
     if kind not in LOSSES:
         raise UsageError(f"{spec.model}: model_type {kind!r} is not a dual encoder volta-ml can fine-tune "
                          f"(known: {', '.join(LOSSES)}, M-CLIP; generative families, --hf_backend mllm: "
-                         f"{', '.join(FAMILIES)})")
+                         f"{', '.join(fine_tuned())})")
     return LOSSES[kind]
 
 

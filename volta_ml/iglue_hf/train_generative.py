@@ -208,7 +208,7 @@ def export_adapter(model: GenerativeForTraining, run_dir: Path) -> None:
 # --- the job -----------------------------------------------------------------------------------------------------
 def build_generative_job(args, info: DistInfo) -> TrainJob:
     from volta_ml.hf.loading import ModelLoadError
-    from volta_ml.hf.mllm import GenerativeBackend
+    from volta_ml.hf.generative import generative_backend
 
     spec = dataclasses.replace(model_spec(args), dtype=args.hf_dtype)   # frozen weights; LoRA tensors stay fp32
     family = lora.family(model_type(spec), spec.model)
@@ -227,7 +227,7 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
         source.check(image_refs(data[split]), path)
 
     try:
-        backend = GenerativeBackend(spec)
+        backend = generative_backend(spec)
     except ModelLoadError as error:
         raise UsageError(str(error)) from None
     if args.gradient_checkpointing:
