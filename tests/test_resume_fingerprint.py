@@ -97,6 +97,24 @@ def test_cvqa_rerun_after_new_weights_at_the_same_path_is_refused(tmp_path, caps
     assert main(args) == 0                                    # a fresh folder scores the new weights
 
 
+def test_cvqa_rerun_with_another_letter_variant_is_refused(tmp_path, capsys):
+    """`--letter_spellings all` scores other numbers than the paper's rule: its chunks never mix with those of
+    the default (and a default rerun still resumes a run saved before the variant was fingerprinted)."""
+    model = build("llava", tmp_path / "models")
+    release = write_release(tmp_path / "cvqa", "latest")
+    out = tmp_path / "run"
+    args = ["cvqa", "score", "--backend", "mllm", "--model", str(model), "--data", str(release), "--output_dir",
+            str(out), "--device", "cpu", "--no-progress", "--conditions", "en-aware", "--chunk-size", "2",
+            "--batch-size", "2", "--no-text-only", "--rule", "letter"]
+    assert main(args) == 0
+    (out / "chunks" / "en-aware" / "00000002.npz").unlink()
+    capsys.readouterr()
+    assert main(args + ["--letter_spellings", "all"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "letter_spellings" in errors[0] and "refusing to mix them" in errors[0]
+    assert main(args + ["--letter_spellings", "natural"]) == 0
+
+
 def test_one_chunk_store_two_policies(tmp_path, capsys):
     store = ChunkStore(tmp_path / "s", {"model": "m", "weights": {"a.bin": "1:x"}})
     store.save("pass/00000000", {"score": np.ones((3, 4))})

@@ -200,7 +200,7 @@ def decode_photo(data: bytes, image_id: str, args: dict, failed: dict):
 
 def resume_fingerprint(header: dict, dataset: CVQADataset, args: dict) -> dict:
     """What the saved chunks must have been scored with: the settings of `RESUME_KEYS` (and the chat template's
-    switches, `template_options`, when set), the model's content
+    switches, `template_options`, and the letter rule's `letter_spellings` variant, when set), the model's content
     (weights, config, tokenizer: `digest.content_fingerprint`; the image tower too for mclip, a LoRA adapter's
     files for mllm; the files of
     `--predictions` for import) and the data (revision, question list, shard contents)."""
@@ -208,7 +208,10 @@ def resume_fingerprint(header: dict, dataset: CVQADataset, args: dict) -> dict:
 
     models = {"model": (args["model"], args["model_revision"]), "image_model": (args["image_model"], None),
               "adapter": (args.get("adapter"), None)}
+    # settings added after runs were saved without them: in the fingerprint only when set, so that those resume
     options = {"template_options": header["template_options"]} if header.get("template_options") else {}
+    if header.get("letter_spellings") not in (None, "natural"):
+        options["letter_spellings"] = header["letter_spellings"]
     return {"format": 2, **{k: header.get(k) for k in RESUME_KEYS}, **options, "data_revision": dataset.revision,
             "questions_sha1": hashlib.sha1("\n".join(q.id for q in dataset.questions).encode()).hexdigest(),
             **{f"{key}_content": content_fingerprint(name, revision) for key, (name, revision) in models.items()
