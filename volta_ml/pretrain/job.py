@@ -1,0 +1,175 @@
+"""The training job of train_concap.py / train_concap_wiki.py on the engine (`volta_ml.engine.train`).
+
+`build_pretrain_job(args, info)` turns the normalised flags (`volta_ml.pretrain.cli`) into an engine `TrainJob`:
+the pretraining model (`build_model(kind="pretraining")`, VOLTA's `bert.*` + `cls.*` keys) initialised from a
+text checkpoint, the Conceptual Captions data (`volta_ml.pretrain.data`), `forward_and_loss` with VOLTA's three
+losses (`volta_ml.pretrain.losses`), VOLTA's optimizer groups and, for the wiki script, the interleaved
+Wikipedia MLM step. Run directory `<output_dir>/<cfg>` and TensorBoard `<logdir>/<cfg>`, as VOLTA names them.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from volta_ml.engine.distributed import DistInfo, barrier
+from volta_ml.engine.failures import UsageError
+from volta_ml.engine.optim import NO_DECAY_MARKERS
+from volta_ml.engine.preflight import check_text_fits
+from volta_ml.engine.run_setup import model_setup
+from volta_ml.engine.task_job import config_label
+from volta_ml.engine.train import Interleaved, TrainJob
+from volta_ml.models import build_model, load_checkpoint, read_state_dict
+from volta_ml.pretrain.losses import OBJECTIVES, VISUAL_CRITERIA, active_targets, concap_losses, wiki_loss
+
+logger = logging.getLogger("volta_ml.pretrain")
+
+# (log label, TensorBoard key) of the three losses, as VOLTA's tbLogger names them
+LOSS_PARTS = (("masked_t", "masked_loss_t"), ("masked_v", "masked_loss_v"), ("NSP", "next_sentence_loss"))
+TOKEN_TYPES = "bert.embeddings.token_type_embeddings.weight"
+
+
+def check_objective(objective: int) -> int:
+    if objective not in OBJECTIVES:
+        known = "; ".join(f"{k}: {v}" for k, v in OBJECTIVES.items())
+        raise UsageError(f"--objective {objective}: unknown objective (known: {known})")
+    return objective
+
+
+def forward_and_loss(model, batch, task_id, *, config, objective: int):
+    """The engine's contract: (loss, per-example sums of (masked_t, masked_v, NSP), examples, no logits)."""
+    masked_t, masked_v, matching = concap_losses(model, batch, config, objective)
+    n = batch[0].shape[0] if not isinstance(batch, dict) else batch["input_ids"].shape[0]
+    parts = torch.stack([masked_t.detach(), masked_v.detach(), matching.detach()]).double() * n
+    return masked_t + masked_v + matching, parts, n, None
+
+
+# ---- initialisation -------------------------------------------------------------------------------------------
+
+def resolve_checkpoint(name: str, flag: str) -> Path:
+    """A checkpoint file or folder on disk, or a hub id already in the local Hugging Face cache (never
+    downloaded)."""
+    if os.path.exists(name):
+        return Path(name)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        for filename in ("model.safetensors", "pytorch_model.bin"):
+            found = try_to_load_from_cache(name, filename)
+            if isinstance(found, str):
+                return Path(found)
+    except Exception:  # noqa: BLE001 - not a valid repo id, no cache: the message below says what to do
+        pass
+    raise UsageError(f"{flag} {name}: not a file or folder, and not in the local Hugging Face cache (volta-ml "
+                     f"never downloads weights; pass the folder of a BERT checkpoint, or {flag} '' to start from "
+                     f"random weights)")
+
+
+def init_from_text_model(model: nn.Module, path: Path) -> set[int]:
+    """Load a text-only BERT / XLM-R checkpoint (Hugging Face names, or a VOLTA checkpoint) into the pretraining
+    model as VOLTA's `from_pretrained(..., from_hf=True)` does, the token-type table resized as train_concap.py
+    resizes it (the checkpoint's rows copied, further rows kept at their initialisation). Returns the ids of the
+    `bert.*` tensors the checkpoint initialised."""
+    state = read_state_dict(path)
+    table = model.state_dict()[TOKEN_TYPES]
+    for key in [k for k in state if k.endswith("embeddings.token_type_embeddings.weight")]:
+        rows = state[key]
+        if rows.dim() == 2 and rows.shape[1] == table.shape[1] and rows.shape[0] != table.shape[0]:
+            resized = table.detach().clone()
+            n = min(rows.shape[0], table.shape[0])
+            resized[:n] = rows[:n]
+            state[key] = resized
+    report = load_checkpoint(model, state, from_hf=True)
+    logger.info("initialised from %s: %d tensors (%d of the model's not in it)", path, len(report.loaded_keys),
+                len(report.missing_keys))
+    tensors = model.state_dict(keep_vars=True)
+    return {id(tensors[k]) for k in report.loaded_keys if k.startswith("bert.")}
+
+
+def load_vision_checkpoint(model: nn.Module, path: str, config) -> None:
+    """`--x_pretrained`: tensors of a VOLTA checkpoint over the text initialisation, those whose name starts with
+    an entry of the config's `v_layers` (every tensor the model has when the config lists none)."""
+    state = read_state_dict(resolve_checkpoint(path, "--x_pretrained"))
+    prefixes = tuple(getattr(config, "v_layers", None) or ())
+    if prefixes:
+        state = {k: v for k, v in state.items() if k.startswith(prefixes)}
+    report = load_checkpoint(model, state)
+    logger.info("--x_pretrained %s: %d tensors loaded", path, len(report.loaded_keys))
+
+
+def pretrain_param_groups(model: nn.Module, lr: float, weight_decay: float, bert_tensors: set[int] | None,
+                          bert_lr_scale: float) -> list[dict]:
+    """VOLTA's groups: no weight decay for names containing bias / LayerNorm.bias / LayerNorm.weight; with a text
+    initialisation, `bert_lr_scale` x lr for the tensors it provided (VOLTA: 0.1). Tensors of one (lr, decay)
+    pair share a group (VOLTA makes one group per tensor: the same updates)."""
+    groups: dict[tuple[float, float], list] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        rate = lr * bert_lr_scale if bert_tensors and id(param) in bert_tensors else lr
+        decay = 0.0 if any(marker in name for marker in NO_DECAY_MARKERS) else weight_decay
+        groups.setdefault((rate, decay), []).append(param)
+    return [{"params": params, "lr": rate, "weight_decay": decay} for (rate, decay), params in groups.items()]
+
+
+# ---- the job ----------------------------------------------------------------------------------------------------
+
+def build_model_from_flags(args, setup) -> tuple[nn.Module, set[int] | None]:
+    config = setup.config
+    if config.image_embeddings == "m3p":
+        raise UsageError(f"{args.config_file}: M3P has no pretraining heads in VOLTA's port; pretrain a BERT-class "
+                         f"config (ctrl_*, uc2_base, ...)")
+    try:
+        active_targets(config)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    model = build_model(config, kind="pretraining")
+    check_text_fits(model, args.max_seq_length, args.config_file, "pretraining")
+    bert_tensors = None
+    if args.init_checkpoint:
+        bert_tensors = init_from_text_model(model, resolve_checkpoint(args.init_checkpoint, args.init_flag))
+    if getattr(args, "x_pretrained", ""):
+        load_vision_checkpoint(model, args.x_pretrained, config)
+    return model, bert_tensors
+
+
+def build_pretrain_job(args, info: DistInfo) -> TrainJob:
+    from volta_ml.pretrain import data as pretrain_data
+
+    objective = check_objective(args.objective)
+    setup = model_setup(args.config_file, bert_model=args.bert_model, do_lower_case=args.do_lower_case)
+    config, tokenizer = setup.config, setup.tokenizer
+    model, bert_tensors = build_model_from_flags(args, setup)
+    train_set, val_set = pretrain_data.build_concap_sets(args, tokenizer, config, info)
+    wiki = pretrain_data.build_wiki(args, tokenizer, config, info) if args.wiki else None
+
+    label = config_label(args.config_file)
+    run_dir = Path(args.output_dir) / label
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "command.txt").write_text(f"{args!r}\n\n\n{config!r}\n", encoding="utf-8")
+    barrier(info)
+    targets = ", ".join(f"{VISUAL_CRITERIA[k].name} x{w:g}" for k, w in active_targets(config).items()) or "none"
+    return TrainJob(
+        model=model, train_dataset=train_set, val_dataset=val_set,
+        forward_and_loss=functools.partial(forward_and_loss, config=config, objective=objective),
+        task_id="TASK00" if args.wiki else "TASK0",
+        task_name="Conceptual_CaptionplusWikipedia" if args.wiki else "Conceptual_Caption",
+        run_dir=run_dir, tb_dir=Path(args.logdir) / label,
+        collate_fn=pretrain_data.collate_concap,
+        fixed_layers=list(getattr(config, "fixed_layers", None) or []),
+        loss_parts=LOSS_PARTS,
+        param_groups=functools.partial(pretrain_param_groups, lr=args.lr, weight_decay=args.weight_decay,
+                                       bert_tensors=bert_tensors, bert_lr_scale=args.bert_lr_scale),
+        interleaved=Interleaved(batch=wiki.batch, loss=wiki_loss) if wiki is not None else None,
+        summary={"objective": f"{objective}: {OBJECTIVES[objective]}",
+                 "visual":
+                     f"{targets}; global image feature {getattr(config, 'add_global_imgfeat', None)}",
+                 "init": (f"{args.init_checkpoint} (x{args.bert_lr_scale:g} lr for its {len(bert_tensors or ())} "
+                          f"tensors)" if args.init_checkpoint else "random weights"),
+                 "tokenizer": f"{setup.bert_model} (do_lower_case={setup.do_lower_case})",
+                 **({"wiki": wiki.describe()} if wiki is not None else {})},
+    )
