@@ -2,7 +2,9 @@
 against a plain computation written out here; synthetic batches, tiny models."""
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -355,3 +357,53 @@ def test_volta_ml_pretrain_subcommands_are_registered():
     assert args.train_batch_size == 256 and callable(args.func)
     args = parser.parse_args(["pretrain-wiki", *WIKI_FLAGS])
     assert args.lgs == "en-de" and callable(args.func)
+
+
+# ---- the sweep's pretrain stage -------------------------------------------------------------------------------------
+
+def test_sweep_pretrains_first_and_fine_tunes_from_the_last_epoch(tmp_path):
+    import yaml
+    from volta_ml.protocols.cell import PRETRAINED
+    from volta_ml.protocols.errors import GridError
+    from volta_ml.protocols.grid import load_grid
+    from volta_ml.protocols.runners import plan_cells
+    from volta_ml.protocols.steps import record
+
+    grid = {"name": "pre", "data_root": str(tmp_path / "data"), "output_dir": str(tmp_path / "runs"),
+            "tasks": ["xvnli"], "protocols": ["zero_shot"], "languages": {"xvnli": ["ar"]},
+            "models": {"mine": {"config": "ctrl_vilbert_base", "bert_model": "/tok",
+                                "pretrain": {"annotations_path": "cc/annotations", "features_path": "cc/feats",
+                                             "num_train_epochs": 2, "from_pretrained": "",
+                                             "flags": ["--objective", "1"]}}},
+            "extra_flags": {"pretrain": ["--train_batch_size", "64"]}}
+    path = tmp_path / "grid.yml"
+    path.write_text(yaml.safe_dump(grid))
+    cells = plan_cells(load_grid(path))
+    assert [c.stage for c in cells] == ["pretrain", "finetune", "zero_shot", "zero_shot"]
+    pre, fine = cells[0], cells[1]
+    argv = pre.commands[0].argv
+    assert argv[1:4] == ["-m", "volta_ml.cli", "pretrain"]
+    flags = dict(zip(argv[4::2], argv[5::2]))
+    assert flags["--annotations_path"] == str(tmp_path / "cc/annotations") and flags["--from_pretrained"] == ""
+    assert flags["--num_train_epochs"] == "2" and flags["--bert_model"] == "/tok"
+    assert argv[-4:] == ["--objective", "1", "--train_batch_size", "64"]
+    assert fine.depends_on == [pre.id]
+    start = fine.commands[0].argv[fine.commands[0].argv.index("--from_pretrained") + 1]
+    assert start == str(Path(pre.dir) / PRETRAINED)
+    # the record step links the last epoch's weights and reads the last validation line
+    cell_dir = Path(pre.dir)
+    (cell_dir / "ckpt" / "ctrl_vilbert_base").mkdir(parents=True)
+    (cell_dir / "ckpt" / "ctrl_vilbert_base" / "pytorch_model_1.bin").write_bytes(b"weights")
+    (cell_dir / "train.log").write_text("... Validation [Conceptual_Caption]: masked_t 7.100 masked_v 0.500 NSP 0.690\n"
+                                        "... Validation [Conceptual_Caption]: masked_t 6.000 masked_v 0.400 NSP 0.600\n")
+    from volta_ml.protocols.cell import Cell, write_json_atomic
+    write_json_atomic(cell_dir / "cell.json", pre.to_json())
+    assert record(cell_dir) == 0
+    assert (cell_dir / PRETRAINED).read_bytes() == b"weights"
+    result = json.loads((cell_dir / "result.json").read_text())
+    assert result["metrics"] == {"masked_t": 6.0, "masked_v": 0.4, "NSP": 0.6} and Cell.from_json(pre.to_json())
+    bad = dict(grid, models={"mine": {"config": "x", "pretrain": {"annotations_path": "a", "features_path": "f"},
+                                      "pretrained": "p.bin"}})
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(GridError, match="not both"):
+        load_grid(path)

@@ -22,7 +22,7 @@ from volta_ml.engine.optim import NO_DECAY_MARKERS
 from volta_ml.engine.preflight import check_text_fits
 from volta_ml.engine.run_setup import model_setup
 from volta_ml.engine.task_job import config_label
-from volta_ml.engine.train import Interleaved, TrainJob
+from volta_ml.engine.train import Interleaved, TrainJob, per_step_batch_size
 from volta_ml.models import build_model, load_checkpoint, read_state_dict
 from volta_ml.pretrain.losses import OBJECTIVES, VISUAL_CRITERIA, active_targets, concap_losses, wiki_loss
 
@@ -115,6 +115,11 @@ def pretrain_param_groups(model: nn.Module, lr: float, weight_decay: float, bert
     return [{"params": params, "lr": rate, "weight_decay": decay} for (rate, decay), params in groups.items()]
 
 
+def _collate():
+    from volta_ml.pretrain.data import collate_concap
+    return collate_concap
+
+
 # ---- the job ----------------------------------------------------------------------------------------------------
 
 def build_model_from_flags(args, setup) -> tuple[nn.Module, set[int] | None]:
@@ -126,6 +131,11 @@ def build_model_from_flags(args, setup) -> tuple[nn.Module, set[int] | None]:
         active_targets(config)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    wide = [k for k in active_targets(config) if VISUAL_CRITERIA[k].width == 2048 and
+            "image_feat" in VISUAL_CRITERIA[k].needs]
+    if wide and config.v_feature_size != 2048:
+        raise UsageError(f"{args.config_file}: visual target {wide[0]} ({VISUAL_CRITERIA[wide[0]].name}) predicts "
+                         f"2048-wide region features (as VOLTA), but v_feature_size is {config.v_feature_size}")
     model = build_model(config, kind="pretraining")
     check_text_fits(model, args.max_seq_length, args.config_file, "pretraining")
     bert_tensors = None
@@ -136,15 +146,48 @@ def build_model_from_flags(args, setup) -> tuple[nn.Module, set[int] | None]:
     return model, bert_tensors
 
 
-def build_pretrain_job(args, info: DistInfo) -> TrainJob:
-    from volta_ml.pretrain import data as pretrain_data
+def concap_sets(args, tokenizer, config, info: DistInfo):
+    """(train, validation) Conceptual Captions data sets of VOLTA's layout (`volta_ml.pretrain.data`)."""
+    from volta_ml.pretrain.data import ConceptCapData
 
+    common = dict(annotations_path=args.annotations_path, features_path=args.features_path, tokenizer=tokenizer,
+                  seq_len=args.max_seq_length, objective=args.objective, num_locs=config.num_locs,
+                  add_global_imgfeat=getattr(config, "add_global_imgfeat", None), seed=args.seed)
+    return ConceptCapData(split="train", **common), ConceptCapData(split="val", **common)
+
+
+class WikiBatches:
+    """The Wikipedia MLM batches of train_concap_wiki.py: batch i of this rank, the same for the same i."""
+
+    def __init__(self, args, tokenizer, config, info: DistInfo):
+        from volta_ml.pretrain.data import WikiData
+
+        per_step = args.train_m_batch_size // args.grad_acc_steps // info.world_size
+        if per_step < 1:
+            raise UsageError(f"--train_m_batch_size {args.train_m_batch_size} is smaller than "
+                             f"gradient_accumulation_steps ({args.grad_acc_steps}) x processes ({info.world_size})")
+        self.rank, self.per_step = info.rank, per_step
+        self.data = WikiData(args.dataroot, args.lgs.split("-"), args.lg_sampling_factor, tokenizer, per_step,
+                             args.max_m_seq_length, seed=args.seed)
+        self.langs = args.lgs
+
+    def batch(self, index: int):
+        return self.data.sample(index, rank=self.rank)
+
+    def describe(self) -> str:
+        return f"{self.per_step} Wikipedia sentences ({self.langs}) per micro-batch, one optimizer step before each"
+
+
+def build_pretrain_job(args, info: DistInfo, datasets=None, wiki_batches=None) -> TrainJob:
+    """`datasets(args, tokenizer, config, info) -> (train, val)` and `wiki_batches(...)` replace the readers of
+    VOLTA's files (tests: generated batches)."""
     objective = check_objective(args.objective)
     setup = model_setup(args.config_file, bert_model=args.bert_model, do_lower_case=args.do_lower_case)
     config, tokenizer = setup.config, setup.tokenizer
     model, bert_tensors = build_model_from_flags(args, setup)
-    train_set, val_set = pretrain_data.build_concap_sets(args, tokenizer, config, info)
-    wiki = pretrain_data.build_wiki(args, tokenizer, config, info) if args.wiki else None
+    train_set, val_set = (datasets or concap_sets)(args, tokenizer, config, info)
+    wiki = (wiki_batches or WikiBatches)(args, tokenizer, config, info) if args.wiki else None
+    args.eval_batch_size = per_step_batch_size(args, info.world_size)      # VOLTA validates with the train batch
 
     label = config_label(args.config_file)
     run_dir = Path(args.output_dir) / label
@@ -159,7 +202,7 @@ def build_pretrain_job(args, info: DistInfo) -> TrainJob:
         task_id="TASK00" if args.wiki else "TASK0",
         task_name="Conceptual_CaptionplusWikipedia" if args.wiki else "Conceptual_Caption",
         run_dir=run_dir, tb_dir=Path(args.logdir) / label,
-        collate_fn=pretrain_data.collate_concap,
+        collate_fn=getattr(train_set, "collate_fn", None) or _collate(),
         fixed_layers=list(getattr(config, "fixed_layers", None) or []),
         loss_parts=LOSS_PARTS,
         param_groups=functools.partial(pretrain_param_groups, lr=args.lr, weight_decay=args.weight_decay,

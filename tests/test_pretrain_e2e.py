@@ -1,0 +1,186 @@
+"""Pretraining on the engine, end to end: pretrain -> fine-tune (train_task.py --from_pretrained) -> zero-shot
+retrieval (eval_retrieval.py --zero_shot) and the CVQA zoo loader; SIGKILL + resume bit-identical (with the
+interleaved Wikipedia step, carried-over gradients and NCE's random negatives); 2 gloo ranks; bad inputs."""
+from __future__ import annotations
+
+import json
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import helpers_pretrain_train as generated
+from helpers_eval import FEATURE_DIM, tiny_config_file
+from helpers_tasks import bert_uncased_dir, make_store
+from helpers_train import assert_same_weights, free_port, load_weights, toy_env
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+HELPER = str(Path(__file__).resolve().parent / "helpers_pretrain_train.py")
+TRAINVAL = "config_tasks/iglue_trainval_tasks_boxes36.yml"
+TEST_TASKS = "config_tasks/iglue_test_tasks_boxes36.yml"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pretrain")
+    ids = [str(1000 + i) for i in range(8)]
+    rows = [{"gold_label": ["entailment", "neutral", "contradiction"][i % 3], "sentence2": f"a dog number {i}",
+             "Flikr30kID": image} for i, image in enumerate(ids)]
+    (tmp / "ve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp / "captions.jsonl").write_text("".join(json.dumps({"sentences": [f"photo of dog {i}"], "img_path":
+                                                            f"{i}.jpg"}) + "\n" for i in ids))
+    make_store(tmp / "data/flickr30k/features/flickr30k_boxes36.lmdb", ids, FEATURE_DIM)
+    config = tiny_config_file(tmp / "config/tiny_uniter.json", vocab_size=30522)
+    wide = json.loads(config.read_text())      # 2048-d features: NCE (2) beside KL (0), for the resume test
+    wide.update(v_feature_size=2048, visual_target_weights={"0": 1.0, "2": 1.0})
+    (tmp / "config/wide.json").write_text(json.dumps(wide))
+    return {"tmp": tmp, "config": config, "wide": tmp / "config/wide.json", "bert": bert_uncased_dir(tmp),
+            "store": tmp / "data/flickr30k/features/flickr30k_boxes36.lmdb"}
+
+
+def pretrain_flags(site, out: Path, *extra, wiki=False, config=None) -> list[str]:
+    flags = ["--config_file", str(config or site["config"]), "--bert_model", str(site["bert"]), "--do_lower_case",
+             "--num_workers", "0", "--num_val_workers", "0", "--output_dir", str(out / "ckpt"),
+             "--logdir", str(out / "tb"), "--device", "cpu", "--learning_rate", "1e-3"]
+    flags += ["--m_pretrained", ""] if wiki else ["--from_pretrained", ""]
+    return flags + list(extra)
+
+
+# ---- pretrain -> fine-tune -> zero-shot ---------------------------------------------------------------------------
+
+def test_pretrain_then_finetune_then_zero_shot_retrieval(site, capsys):
+    from volta_ml.cli import eval_retrieval, train_task
+    from volta_ml.engine.run_setup import load_model
+    from volta_ml.models import load_config
+
+    out = site["tmp"] / "chain"
+    code = generated.run(pretrain_flags(site, out, "--train_batch_size", "4", "--num_train_epochs", "2",
+                                        "--objective", "1"), examples=16)
+    assert code == 0
+    run_dir = out / "ckpt" / "tiny_uniter"
+    lines = (run_dir / "out.txt").read_text().splitlines()
+    assert sum(bool(re.fullmatch(r"Validation \[Conceptual_Caption\]: masked_t [\d.]+ masked_v [\d.]+ NSP [\d.]+",
+                                 line)) for line in lines) == 2
+    assert "Best Validation score" not in capsys.readouterr().out      # pretraining has no score
+    pretrained = run_dir / "pytorch_model_1.bin"
+    state = load_weights(pretrained)
+    assert any(k.startswith("cls.bi_seq_relationship.") for k in state) and any(k.startswith("bert.") for k in state)
+    assert not torch.equal(state["cls.bi_seq_relationship.weight"],
+                           load_weights(run_dir / "pytorch_model_-1.bin")["cls.bi_seq_relationship.weight"])
+    assert list((out / "tb" / "tiny_uniter").glob("events.out.tfevents.*"))
+    # the CVQA zoo and eval_retrieval --zero_shot load it as a pretraining model: nothing missing
+    _, report = load_model(load_config(str(site["config"])), str(pretrained), kind="pretraining")
+    assert report.missing_keys == [] and report.unexpected_keys == []
+
+    common = ["--bert_model", str(site["bert"]), "--do_lower_case", "--config_file", str(site["config"]),
+              "--from_pretrained", str(pretrained), "--device", "cpu", "--no_cache"]
+    tmp = site["tmp"]
+    code = train_task.main(common + ["--tasks_config_file", TRAINVAL, "--task", "19", "--data_root",
+                                     str(tmp / "data"), "--train_annotations_jsonpath", str(tmp / "ve.jsonl"),
+                                     "--val_annotations_jsonpath", str(tmp / "ve.jsonl"), "--num_epoch", "1",
+                                     "--batch_size", "4", "--num_workers", "0", "--num_val_workers", "0",
+                                     "--output_dir", str(out / "ft"), "--logdir", str(out / "ft_tb")])
+    assert code == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("Best Validation score: ")
+    finetuned = load_weights(out / "ft" / "XVNLI_tiny_uniter" / "pytorch_model_best.bin")
+    assert "clfs_dict.TASK19.weight" in finetuned and not any(k.startswith("cls.") for k in finetuned)
+
+    code = eval_retrieval.main(common + ["--zero_shot", "--tasks_config_file", TEST_TASKS, "--task", "8",
+                                         "--split", "test", "--val_annotations_jsonpath", str(tmp / "captions.jsonl"),
+                                         "--val_features_lmdbpath", str(site["store"]), "--batch_size", "1",
+                                         "--caps_per_image", "1", "--output_dir", str(out / "zs")])
+    assert code == 0
+    stdout = capsys.readouterr().out
+    assert len([line for line in stdout.splitlines() if line.startswith("Final r1:")]) == 2
+
+
+# ---- exact resume after SIGKILL -----------------------------------------------------------------------------------
+
+# 46 examples at 2 per micro-batch = 23 micro-batches with grad-acc 2: the odd one's gradients carry into the
+# next epoch's first (Wikipedia) optimizer step, and into the resume file.
+RESUME = ["--train_x_batch_size", "4", "--train_m_batch_size", "4", "--gradient_accumulation_steps", "2",
+          "--num_train_epochs", "2", "--checkpoint_every_steps", "1", "--objective", "0"]
+
+
+def test_sigkill_then_resume_gives_the_uninterrupted_weights(site, tmp_path):
+    reference = tmp_path / "reference"
+    assert generated.run(pretrain_flags(site, reference, *RESUME, wiki=True, config=site["wide"]), wiki=True,
+                         examples=46) == 0
+    expected = load_weights(reference / "ckpt" / "wide" / "pytorch_model_1.bin")
+
+    out = tmp_path / "killed"
+    argv = [sys.executable, HELPER, "--wiki", "--examples", "46", "--sleep", "0.02",
+            *pretrain_flags(site, out, *RESUME, wiki=True, config=site["wide"])]
+    proc = subprocess.Popen(argv, env=toy_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    latest = out / "ckpt" / "wide" / "pytorch_ckpt_latest.tar"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if latest.exists() and torch.load(latest, weights_only=True)["global_step"] >= 2:
+            break
+        time.sleep(0.05)
+    time.sleep(random.uniform(0.0, 0.8))
+    proc.kill()
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "ckpt" / "wide" / "pytorch_model_1.bin").exists(), "the run finished before the kill"
+    resumed = subprocess.run(argv[:2] + ["--wiki", "--examples", "46"] + argv[7:] + ["--resume_file", str(latest)],
+                             env=toy_env(), capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resumed from" in resumed.stderr
+    assert_same_weights(load_weights(out / "ckpt" / "wide" / "pytorch_model_1.bin"), expected, exact=True)
+
+
+# ---- two processes --------------------------------------------------------------------------------------------------
+
+def test_two_gloo_ranks(site, tmp_path):
+    argv = ["--wiki", "--examples", "16", *pretrain_flags(site, tmp_path, "--train_x_batch_size", "4",
+                                                          "--train_m_batch_size", "4", "--num_train_epochs", "1",
+                                                          wiki=True)]
+    for _attempt in range(3):
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                               "--master_port", str(free_port()), HELPER, *argv], env=toy_env(), capture_output=True,
+                              text=True, timeout=180)
+        if "Address already in use" not in proc.stderr and "EADDRINUSE" not in proc.stderr:
+            break
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "world size 2" in proc.stderr and "2 per step x 1 accumulation x 2 processes = 4 effective" in proc.stderr
+    run_dir = tmp_path / "ckpt" / "tiny_uniter"
+    text = (run_dir / "out.txt").read_text()
+    assert text.count("Validation [Conceptual_CaptionplusWikipedia]: masked_t") == 1      # rank 0 writes
+    before, after = load_weights(run_dir / "pytorch_model_-1.bin"), load_weights(run_dir / "pytorch_model_0.bin")
+    assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
+    assert not torch.equal(before["bert.embeddings.word_embeddings.weight"],
+                           after["bert.embeddings.word_embeddings.weight"])
+
+
+# ---- bad inputs: one line, exit 2 ---------------------------------------------------------------------------------
+
+def test_bad_inputs_are_one_line_and_exit_2(site, tmp_path, capsys):
+    from volta_ml.cli import main as volta_ml_main
+    from volta_ml.pretrain.cli import main
+
+    mse = json.loads(site["config"].read_text())
+    mse["visual_target_weights"] = {"1": 1.0}            # regresses 2048-d features; this config has 16
+    (tmp_path / "mse.json").write_text(json.dumps(mse))
+    cases = [
+        (main, ["--objective", "3"], "train_concap.py: error: --objective 3: unknown objective"),
+        (main, ["--from_pretrained", str(tmp_path / "nope")], f"--from_pretrained {tmp_path / 'nope'}: not a file"),
+        (main, ["--config_file", str(tmp_path / "mse.json")], "visual target 1 (MSE-2048"),
+        (lambda argv: volta_ml_main(["pretrain", *argv]), ["--objective", "7"],
+         "volta-ml pretrain: error: --objective 7: unknown objective"),
+    ]
+    for entry, extra, expected in cases:
+        flags = pretrain_flags(site, tmp_path)
+        for i in range(0, len(extra), 2):           # the case's flags replace the defaults
+            if extra[i] in flags:
+                del flags[flags.index(extra[i]):flags.index(extra[i]) + 2]
+        capsys.readouterr()
+        assert entry(flags + extra) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and expected in err.strip().splitlines()[-1], err[-2000:]
