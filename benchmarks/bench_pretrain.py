@@ -116,6 +116,8 @@ class Volta:
         config = BertConfig.from_json_file(config_path)
         if not hasattr(config, "bert_model"):         # IGLUE-style configs name the text model elsewhere
             config.bert_model = bert_model
+        if not hasattr(config, "model"):              # VOLTA's loader needs it (ctrl_uniter_base lacks it)
+            config.model = "bert"
         self.model = BertForVLPreTraining(config)
         missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
         if missing or unexpected:
@@ -248,6 +250,7 @@ def main(argv=None) -> list[dict]:
     rows = []
     for name in args.configs:
         rows += run_config(name, args)
+        print(rows[-1], flush=True)
     print(f"\nbatch {args.batch}, {args.device}, amp {args.amp}, {torch.get_num_threads()} threads; seconds per step, "
           f"median of steps 2-{args.steps}")
     print("| config | params | side | forward | backward | optimizer | step | samples/s | vs VOLTA |")

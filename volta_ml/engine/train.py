@@ -62,6 +62,9 @@ class TrainJob:
     param_groups: Callable[[nn.Module], list[dict]] | None = None
     # an optimizer step of other batches before each of the job's own (train_concap_wiki.py's Wikipedia MLM)
     interleaved: "Interleaved | None" = None
+    # the training set is this rank's own part (VOLTA's training_feat_part_<rank>.lmdb): not sharded again;
+    # every rank's part must give the same number of batches
+    rank_shard: bool = False
 
 
 @dataclass
@@ -127,7 +130,7 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
     barrier(info)
 
     batch = per_step_batch_size(args, info.world_size)
-    loader = train_loader(job.train_dataset, batch, info, args, job.collate_fn)
+    loader = train_loader(job.train_dataset, batch, info, args, job.collate_fn, shard=not job.rank_shard)
     micro_per_epoch = len(loader)
     if micro_per_epoch == 0:
         raise ValueError(f"the training set of {job.task_name} gives no batch of {batch} examples")

@@ -147,13 +147,52 @@ def build_model_from_flags(args, setup) -> tuple[nn.Module, set[int] | None]:
 
 
 def concap_sets(args, tokenizer, config, info: DistInfo):
-    """(train, validation) Conceptual Captions data sets of VOLTA's layout (`volta_ml.pretrain.data`)."""
-    from volta_ml.pretrain.data import ConceptCapData
+    """(train, validation) Conceptual Captions data sets of VOLTA's layout (`volta_ml.pretrain.data`).
 
+    Under DDP the training records come from `training_feat_all.lmdb` through the sharded sampler (N processes
+    then see what one process sees); only when that file is absent does each rank read its own
+    `training_feat_part_<rank>.lmdb`, as VOLTA's distributed runs did, cut to the shortest part's length so every
+    rank runs the same number of steps."""
+    from volta_ml.pretrain.data import ConceptCapData, is_volta_layout
+
+    rank = None
+    folder = Path(args.features_path)
+    if info.world_size > 1 and is_volta_layout(str(folder)) and not (folder / "training_feat_all.lmdb").exists():
+        rank = info.rank
     common = dict(annotations_path=args.annotations_path, features_path=args.features_path, tokenizer=tokenizer,
                   seq_len=args.max_seq_length, objective=args.objective, num_locs=config.num_locs,
-                  add_global_imgfeat=getattr(config, "add_global_imgfeat", None), seed=args.seed)
-    return ConceptCapData(split="train", **common), ConceptCapData(split="val", **common)
+                  add_global_imgfeat=getattr(config, "add_global_imgfeat", None), seed=args.seed,
+                  visual_target_weights=config.visual_target_weights)
+    train = ConceptCapData(split="train", rank=rank, **common)
+    if rank is not None:
+        shortest = all_reduce_min(len(train), info)
+        train = RankPart(train, shortest)
+    return train, ConceptCapData(split="val", **common)
+
+
+def all_reduce_min(value: int, info: DistInfo) -> int:
+    import torch.distributed as dist
+    tensor = torch.tensor([value], dtype=torch.long, device=info.device)
+    if info.initialized and info.world_size > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor.item())
+
+
+class RankPart(torch.utils.data.Dataset):
+    """The first `length` records of this rank's part file (the engine does not shard it again)."""
+    rank_shard = True
+
+    def __init__(self, dataset, length: int):
+        self.dataset, self.length = dataset, length
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return self.dataset[index]
 
 
 class WikiBatches:
@@ -204,7 +243,7 @@ def build_pretrain_job(args, info: DistInfo, datasets=None, wiki_batches=None) -
         run_dir=run_dir, tb_dir=Path(args.logdir) / label,
         collate_fn=getattr(train_set, "collate_fn", None) or _collate(),
         fixed_layers=list(getattr(config, "fixed_layers", None) or []),
-        loss_parts=LOSS_PARTS,
+        loss_parts=LOSS_PARTS, rank_shard=bool(getattr(train_set, "rank_shard", False)),
         param_groups=functools.partial(pretrain_param_groups, lr=args.lr, weight_decay=args.weight_decay,
                                        bert_tensors=bert_tensors, bert_lr_scale=args.bert_lr_scale),
         interleaved=Interleaved(batch=wiki.batch, loss=wiki_loss) if wiki is not None else None,
