@@ -202,7 +202,8 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
     def run_validation(micro_total: int, max_batches: int | None) -> float:
         if job.val_dataset is None:
             return -1.0
-        log.line(f"Eval task {job.task_id} on iteration {micro_total}")
+        if not job.loss_parts:   # train_concap.py has no such line
+            log.line(f"Eval task {job.task_id} on iteration {micro_total}")
         if max_batches not in val_loaders:
             val_loaders[max_batches] = val_loader(job.val_dataset, args.eval_batch_size, info, args, job.collate_fn,
                                                   max_batches)
