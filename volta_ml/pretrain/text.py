@@ -1,0 +1,90 @@
+"""What VOLTA's pretraining datasets ask of their tokenizer, resolved once, and captions encoded once.
+
+VOLTA calls `tokenizer.encode(caption, add_special_tokens=False)` per sample (Conceptual Captions),
+`tokenizer.encode(line)` with the special tokens (Wikipedia), `build_inputs_with_special_tokens(ids)`,
+`convert_tokens_to_ids(mask_token)` and `len(tokenizer)`. `TextEncoder` answers the same: a fast tokenizer
+encodes through its Rust backend (the same ids, without the Python wrapper), and the special tokens around a
+sequence come from `build_inputs_with_special_tokens` where the tokenizer still has it (transformers < 5),
+else from comparing `encode(text)` with and without them. `CaptionTokens` holds every caption of a captions
+file encoded once, in batches (flat int32 ids + offsets: no per-caption Python objects, so DataLoader workers
+share the pages after fork).
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from volta_ml.engine.failures import UsageError
+
+
+class PretrainDataError(UsageError):
+    """Pretraining data or settings that cannot serve the requested run (one line, exit code 2)."""
+
+
+class TextEncoder:
+    """`encode(text)` (no special tokens), `encode_many(texts)`, `prefix` / `suffix` (the special tokens around
+    one sequence), `mask_id`, `vocab_size` (= `len(tokenizer)`)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) \
+            else None
+        mask_token = getattr(tokenizer, "mask_token", None)
+        if mask_token is None:
+            raise PretrainDataError(f"tokenizer {type(tokenizer).__name__} has no mask token: masked language "
+                                    "modelling needs one")
+        self.mask_id = int(tokenizer.convert_tokens_to_ids(mask_token))
+        self.vocab_size = len(tokenizer)
+        self.prefix, self.suffix = self._special_layout()
+
+    def _special_layout(self) -> tuple[list[int], list[int]]:
+        build = getattr(self.tokenizer, "build_inputs_with_special_tokens", None)
+        if build is not None:
+            probe = -7
+            wrapped = list(build([probe]))
+            at = wrapped.index(probe)
+            return wrapped[:at], wrapped[at + 1:]
+        inner = list(self.tokenizer.encode("a", add_special_tokens=False))
+        outer = list(self.tokenizer.encode("a"))
+        for at in range(len(outer) - len(inner) + 1):
+            if outer[at:at + len(inner)] == inner:
+                return outer[:at], outer[at + len(inner):]
+        raise PretrainDataError(f"cannot tell which special tokens tokenizer {type(self.tokenizer).__name__} "
+                                "adds around a sequence")
+
+    @property
+    def num_special(self) -> int:
+        return len(self.prefix) + len(self.suffix)
+
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        """`tokenizer.encode(text, add_special_tokens=special)`."""
+        if self.backend is not None:
+            return self.backend.encode(text, add_special_tokens=special).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=special))
+
+    def encode_many(self, texts: list[str], special: bool = False) -> list[list[int]]:
+        if self.backend is not None:
+            return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=special)]
+        return [list(ids) for ids in self.tokenizer(list(texts), add_special_tokens=special)["input_ids"]]
+
+
+class CaptionTokens:
+    """The captions of a file encoded once without special tokens: `tokens[j]` -> int32 ids of caption j."""
+
+    def __init__(self, text: TextEncoder, captions: list[str], chunk: int = 8192):
+        ids, lengths = [], []
+        for start in range(0, len(captions), chunk):
+            encoded = text.encode_many(captions[start:start + chunk])
+            lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+            ids.append(np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int32))
+        self.ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)
+        self.offsets = np.zeros(len(captions) + 1, dtype=np.int64)
+        if lengths:
+            np.cumsum(np.concatenate(lengths), out=self.offsets[1:])
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        return self.ids[self.offsets[j]:self.offsets[j + 1]]
