@@ -237,7 +237,7 @@ def test_objective_two_gives_the_matching_head_zero_gradients(vilbert):
 
 def test_unknown_objective_is_a_usage_error():
     from volta_ml.engine.failures import UsageError
-    with pytest.raises(UsageError, match=r"--objective 3: unknown objective \(known: 0: .*1: .*2: "):
+    with pytest.raises(UsageError, match=r"--objective 3: VOLTA's objectives are 0: .*1: .*2: "):
         check_objective(3)
 
 

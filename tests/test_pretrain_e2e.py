@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import torch
 
 import helpers_pretrain_train as generated
 from helpers_eval import FEATURE_DIM, tiny_config_file
-from helpers_tasks import bert_uncased_dir, make_store
+from helpers_tasks import REPO, make_store
 from helpers_train import assert_same_weights, free_port, load_weights, toy_env
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,27 +29,37 @@ TEST_TASKS = "config_tasks/iglue_test_tasks_boxes36.yml"
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
+    """VOLTA's pretraining folder (helpers_pretrain: td-LMDBs, captions, Wikipedia text, a WordPiece tokenizer),
+    an XVNLI-style training file and a Flickr-style caption file over images of a native store, tiny configs."""
+    from helpers_pretrain import WORDS, make_pretrain_data, tiny_vocab
+
     tmp = tmp_path_factory.mktemp("pretrain")
+    data = make_pretrain_data(tmp / "cc", n_images=16, n_val=4, n_regions=10, feature_dim=FEATURE_DIM,
+                              langs=("en", "de"), wiki_lines=30)
     ids = [str(1000 + i) for i in range(8)]
-    rows = [{"gold_label": ["entailment", "neutral", "contradiction"][i % 3], "sentence2": f"a dog number {i}",
-             "Flikr30kID": image} for i, image in enumerate(ids)]
+    rows = [{"gold_label": ["entailment", "neutral", "contradiction"][i % 3],
+             "sentence2": " ".join(WORDS[i:i + 5]), "Flikr30kID": image} for i, image in enumerate(ids)]
+    captions = {image: " ".join(WORDS[2 * i:2 * i + 6]) for i, image in enumerate(ids)}
     (tmp / "ve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp / "captions.jsonl").write_text("".join(json.dumps({"sentences": [f"photo of dog {i}"], "img_path":
-                                                            f"{i}.jpg"}) + "\n" for i in ids))
+    (tmp / "captions.jsonl").write_text("".join(json.dumps({"sentences": [text], "img_path": f"{image}.jpg"}) + "\n"
+                                                for image, text in captions.items()))
     make_store(tmp / "data/flickr30k/features/flickr30k_boxes36.lmdb", ids, FEATURE_DIM)
-    config = tiny_config_file(tmp / "config/tiny_uniter.json", vocab_size=30522)
+    config = tiny_config_file(tmp / "config/tiny_uniter.json", vocab_size=len(tiny_vocab()))
     wide = json.loads(config.read_text())      # 2048-d features: NCE (2) beside KL (0), for the resume test
     wide.update(v_feature_size=2048, visual_target_weights={"0": 1.0, "2": 1.0})
     (tmp / "config/wide.json").write_text(json.dumps(wide))
-    return {"tmp": tmp, "config": config, "wide": tmp / "config/wide.json", "bert": bert_uncased_dir(tmp),
+    return {"tmp": tmp, "data": data, "config": config, "wide": tmp / "config/wide.json", "bert": data.tokenizer,
             "store": tmp / "data/flickr30k/features/flickr30k_boxes36.lmdb"}
 
 
 def pretrain_flags(site, out: Path, *extra, wiki=False, config=None) -> list[str]:
+    data = site["data"]
     flags = ["--config_file", str(config or site["config"]), "--bert_model", str(site["bert"]), "--do_lower_case",
+             "--annotations_path", str(data.annotations), "--features_path", str(data.features),
              "--num_workers", "0", "--num_val_workers", "0", "--output_dir", str(out / "ckpt"),
              "--logdir", str(out / "tb"), "--device", "cpu", "--learning_rate", "1e-3"]
-    flags += ["--m_pretrained", ""] if wiki else ["--from_pretrained", ""]
+    flags += ["--m_pretrained", "", "--dataroot", str(data.wiki), "--lgs", "en-de", "--max_m_seq_length", "16"] \
+        if wiki else ["--from_pretrained", ""]
     return flags + list(extra)
 
 
@@ -58,11 +69,11 @@ def test_pretrain_then_finetune_then_zero_shot_retrieval(site, capsys):
     from volta_ml.cli import eval_retrieval, train_task
     from volta_ml.engine.run_setup import load_model
     from volta_ml.models import load_config
+    from volta_ml.pretrain.cli import main
 
     out = site["tmp"] / "chain"
-    code = generated.run(pretrain_flags(site, out, "--train_batch_size", "4", "--num_train_epochs", "2",
-                                        "--objective", "1"), examples=16)
-    assert code == 0
+    assert main(pretrain_flags(site, out, "--train_batch_size", "4", "--num_train_epochs", "2",
+                               "--objective", "1", "--max_seq_length", "12")) == 0
     run_dir = out / "ckpt" / "tiny_uniter"
     lines = (run_dir / "out.txt").read_text().splitlines()
     assert sum(bool(re.fullmatch(r"Validation \[Conceptual_Caption\]: masked_t [\d.]+ masked_v [\d.]+ NSP [\d.]+",
@@ -98,6 +109,20 @@ def test_pretrain_then_finetune_then_zero_shot_retrieval(site, capsys):
     assert code == 0
     stdout = capsys.readouterr().out
     assert len([line for line in stdout.splitlines() if line.startswith("Final r1:")]) == 2
+
+
+def test_wiki_script_interleaves_a_wikipedia_step(site):
+    from volta_ml.pretrain.cli import main_wiki
+
+    out = site["tmp"] / "wiki"
+    assert main_wiki(pretrain_flags(site, out, "--train_x_batch_size", "4", "--train_m_batch_size", "6",
+                                    "--num_train_epochs", "1", "--max_x_seq_length", "12", wiki=True)) == 0
+    run_dir = out / "ckpt" / "tiny_uniter"
+    assert "Validation [Conceptual_CaptionplusWikipedia]: masked_t" in (run_dir / "out.txt").read_text()
+    latest = torch.load(run_dir / "pytorch_ckpt_latest.tar", weights_only=True)
+    assert latest["global_step"] == 4                          # 16 captions, batch 4: the schedule's steps
+    steps = {int(state["step"]) for state in latest["optimizer_state_dict"]["state"].values()}
+    assert steps == {8}                                        # each preceded by a Wikipedia step of its own
 
 
 # ---- exact resume after SIGKILL -----------------------------------------------------------------------------------
@@ -138,21 +163,26 @@ def test_sigkill_then_resume_gives_the_uninterrupted_weights(site, tmp_path):
 
 # ---- two processes --------------------------------------------------------------------------------------------------
 
-def test_two_gloo_ranks(site, tmp_path):
-    argv = ["--wiki", "--examples", "16", *pretrain_flags(site, tmp_path, "--train_x_batch_size", "4",
-                                                          "--train_m_batch_size", "4", "--num_train_epochs", "1",
-                                                          wiki=True)]
+def test_two_gloo_ranks_read_volta_part_files(site, tmp_path):
+    """train_concap.py under torchrun; without training_feat_all.lmdb each rank reads its own part, as VOLTA."""
+    parts = tmp_path / "features"
+    shutil.copytree(site["data"].features, parts)
+    shutil.rmtree(parts / "training_feat_all.lmdb")
+    argv = pretrain_flags(site, tmp_path, "--train_batch_size", "4", "--num_train_epochs", "1",
+                          "--max_seq_length", "12")
+    argv[argv.index("--features_path") + 1] = str(parts)
     for _attempt in range(3):
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                               "--master_port", str(free_port()), HELPER, *argv], env=toy_env(), capture_output=True,
-                              text=True, timeout=180)
+                               "--master_port", str(free_port()), "train_concap.py", *argv], cwd=REPO,
+                              env=toy_env(), capture_output=True, text=True, timeout=180)
         if "Address already in use" not in proc.stderr and "EADDRINUSE" not in proc.stderr:
             break
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "world size 2" in proc.stderr and "2 per step x 1 accumulation x 2 processes = 4 effective" in proc.stderr
+    assert "train 8 examples" in proc.stderr          # rank 0's part: 8 of the 16 images, not sharded again
     run_dir = tmp_path / "ckpt" / "tiny_uniter"
     text = (run_dir / "out.txt").read_text()
-    assert text.count("Validation [Conceptual_CaptionplusWikipedia]: masked_t") == 1      # rank 0 writes
+    assert text.count("Validation [Conceptual_Caption]: masked_t") == 1      # rank 0 writes
     before, after = load_weights(run_dir / "pytorch_model_-1.bin"), load_weights(run_dir / "pytorch_model_0.bin")
     assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
     assert not torch.equal(before["bert.embeddings.word_embeddings.weight"],
@@ -165,15 +195,21 @@ def test_bad_inputs_are_one_line_and_exit_2(site, tmp_path, capsys):
     from volta_ml.cli import main as volta_ml_main
     from volta_ml.pretrain.cli import main
 
+    from helpers_pretrain import make_feature_store
+    data = site["data"]
+    no_cls = make_feature_store(tmp_path / "no_cls", data, fields=("objects_id", "objects_conf"))
+    lacking = make_feature_store(tmp_path / "lacking", data, ids=data.train_ids[1:] + data.val_ids)
     mse = json.loads(site["config"].read_text())
     mse["visual_target_weights"] = {"1": 1.0}            # regresses 2048-d features; this config has 16
     (tmp_path / "mse.json").write_text(json.dumps(mse))
     cases = [
-        (main, ["--objective", "3"], "train_concap.py: error: --objective 3: unknown objective"),
+        (main, ["--objective", "3"], "train_concap.py: error: --objective 3: VOLTA's objectives are"),
         (main, ["--from_pretrained", str(tmp_path / "nope")], f"--from_pretrained {tmp_path / 'nope'}: not a file"),
         (main, ["--config_file", str(tmp_path / "mse.json")], "visual target 1 (MSE-2048"),
+        (main, ["--features_path", str(no_cls)], "cls_prob"),
+        (main, ["--features_path", str(lacking)], data.train_ids[0]),
         (lambda argv: volta_ml_main(["pretrain", *argv]), ["--objective", "7"],
-         "volta-ml pretrain: error: --objective 7: unknown objective"),
+         "volta-ml pretrain: error: --objective 7: VOLTA's objectives are"),
     ]
     for entry, extra, expected in cases:
         flags = pretrain_flags(site, tmp_path)

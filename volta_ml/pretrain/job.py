@@ -24,20 +24,15 @@ from volta_ml.engine.run_setup import model_setup
 from volta_ml.engine.task_job import config_label
 from volta_ml.engine.train import Interleaved, TrainJob, per_step_batch_size
 from volta_ml.models import build_model, load_checkpoint, read_state_dict
-from volta_ml.pretrain.losses import OBJECTIVES, VISUAL_CRITERIA, active_targets, concap_losses, wiki_loss
+from volta_ml.pretrain.data import check_objective
+from volta_ml.pretrain.losses import VISUAL_CRITERIA, active_targets, concap_losses, wiki_loss
+from volta_ml.pretrain.masking import OBJECTIVES
 
 logger = logging.getLogger("volta_ml.pretrain")
 
 # (log label, TensorBoard key) of the three losses, as VOLTA's tbLogger names them
 LOSS_PARTS = (("masked_t", "masked_loss_t"), ("masked_v", "masked_loss_v"), ("NSP", "next_sentence_loss"))
 TOKEN_TYPES = "bert.embeddings.token_type_embeddings.weight"
-
-
-def check_objective(objective: int) -> int:
-    if objective not in OBJECTIVES:
-        known = "; ".join(f"{k}: {v}" for k, v in OBJECTIVES.items())
-        raise UsageError(f"--objective {objective}: unknown objective (known: {known})")
-    return objective
 
 
 def forward_and_loss(model, batch, task_id, *, config, objective: int):
@@ -194,24 +189,30 @@ class RankPart(torch.utils.data.Dataset):
     def __getitem__(self, index: int):
         return self.dataset[index]
 
+    def __getitems__(self, indices):
+        return self.dataset.__getitems__(indices)
+
 
 class WikiBatches:
-    """The Wikipedia MLM batches of train_concap_wiki.py: batch i of this rank, the same for the same i."""
+    """The Wikipedia MLM batches of train_concap_wiki.py (`volta_ml.pretrain.wiki`): batch i of this rank, the same
+    for the same i."""
 
     def __init__(self, args, tokenizer, config, info: DistInfo):
-        from volta_ml.pretrain.data import WikiData
+        from volta_ml.pretrain.wiki import WikiData
 
         per_step = args.train_m_batch_size // args.grad_acc_steps // info.world_size
         if per_step < 1:
             raise UsageError(f"--train_m_batch_size {args.train_m_batch_size} is smaller than "
                              f"gradient_accumulation_steps ({args.grad_acc_steps}) x processes ({info.world_size})")
-        self.rank, self.per_step = info.rank, per_step
-        self.data = WikiData(args.dataroot, args.lgs.split("-"), args.lg_sampling_factor, tokenizer, per_step,
-                             args.max_m_seq_length, seed=args.seed)
-        self.langs = args.lgs
+        self.per_step, self.langs = per_step, args.lgs
+        self.data = WikiData(args.dataroot, args.lgs, args.lg_sampling_factor, tokenizer, batch_size=per_step,
+                             max_seq_length=args.max_m_seq_length, seed=args.seed,
+                             rank=info.rank if info.world_size > 1 else None, num_locs=config.num_locs,
+                             add_global_imgfeat=getattr(config, "add_global_imgfeat", None),
+                             feature_dim=config.v_feature_size)
 
     def batch(self, index: int):
-        return self.data.sample(index, rank=self.rank)
+        return self.data.sample(index)
 
     def describe(self) -> str:
         return f"{self.per_step} Wikipedia sentences ({self.langs}) per micro-batch, one optimizer step before each"

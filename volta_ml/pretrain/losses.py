@@ -32,14 +32,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from volta_ml.pretrain.masking import ignore_mismatched_labels
+
 # VOLTA's batch tuple (train_concap.py unpacks it in this order; the data loader adds the image ids last).
 CONCAP_FIELDS = ("input_ids", "input_mask", "segment_ids", "lm_label_ids", "is_next", "image_feat", "image_loc",
                  "image_cls", "obj_labels", "obj_confs", "attr_labels", "attr_confs", "image_attrs", "image_label",
                  "image_mask", "image_id")
 WIKI_FIELDS = ("input_ids", "input_mask", "segment_ids", "lm_label_ids", "image_feat", "image_loc", "image_mask")
-OBJECTIVES = {0: "MLM + masked regions + image-text matching",
-              1: "as 0, without the masked-token and masked-region targets of mismatched pairs",
-              2: "MLM + masked regions, no matching loss and no random captions"}
 NCE_NEGATIVES = 128   # VOLTA: 70% (89) from other images of the batch, 30% (38) from other regions of the same one
 IGNORE = -1
 
@@ -203,13 +202,11 @@ def region_targets(fields: dict, needs: set[str], add_global_imgfeat) -> dict:
 
 def apply_objective(lm_label_ids: torch.Tensor, image_label: torch.Tensor, is_next: torch.Tensor,
                     objective: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """VOLTA's objective-1 relabelling: targets of mismatched pairs (is_next != 0) become -1 (as VOLTA computes it:
-    labels times (is_next == 0), then every 0 set to -1)."""
+    """The labels a training batch is scored on: objective 1 drops the targets of mismatched pairs
+    (`masking.ignore_mismatched_labels`, VOLTA's rule); objectives 0 and 2 keep them."""
     if objective != 1:
         return lm_label_ids, image_label
-    keep = (is_next == 0).long().unsqueeze(1)
-    lm, img = lm_label_ids * keep, image_label * keep
-    return lm.masked_fill(lm == 0, IGNORE), img.masked_fill(img == 0, IGNORE)
+    return ignore_mismatched_labels(lm_label_ids, image_label, is_next)
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
