@@ -3,6 +3,7 @@ retrieval (eval_retrieval.py --zero_shot) and the CVQA zoo loader; SIGKILL + res
 interleaved Wikipedia step, carried-over gradients and NCE's random negatives); 2 gloo ranks; bad inputs."""
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -16,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import helpers_pretrain_train as generated
 from helpers_eval import FEATURE_DIM, tiny_config_file
+from helpers_pretrain import WORDS, make_feature_store, make_pretrain_data, tiny_vocab
 from helpers_tasks import REPO, make_store
 from helpers_train import assert_same_weights, free_port, load_weights, toy_env
 
@@ -31,8 +32,6 @@ TEST_TASKS = "config_tasks/iglue_test_tasks_boxes36.yml"
 def site(tmp_path_factory):
     """VOLTA's pretraining folder (helpers_pretrain: td-LMDBs, captions, Wikipedia text, a WordPiece tokenizer),
     an XVNLI-style training file and a Flickr-style caption file over images of a native store, tiny configs."""
-    from helpers_pretrain import WORDS, make_pretrain_data, tiny_vocab
-
     tmp = tmp_path_factory.mktemp("pretrain")
     data = make_pretrain_data(tmp / "cc", n_images=16, n_val=4, n_regions=10, feature_dim=FEATURE_DIM,
                               langs=("en", "de"), wiki_lines=30)
@@ -48,12 +47,16 @@ def site(tmp_path_factory):
     wide = json.loads(config.read_text())      # 2048-d features: NCE (2) beside KL (0), for the resume test
     wide.update(v_feature_size=2048, visual_target_weights={"0": 1.0, "2": 1.0})
     (tmp / "config/wide.json").write_text(json.dumps(wide))
+    # 46 images at 2 per micro-batch = 23 micro-batches with grad-acc 2: the odd one's gradients carry into the
+    # next epoch's first (Wikipedia) optimizer step, and into the resume file
+    wide_data = make_pretrain_data(tmp / "cc_wide", n_images=46, n_val=4, n_regions=6, feature_dim=2048, n_parts=0,
+                                   langs=("en", "de"), wiki_lines=20, seed=1)
     return {"tmp": tmp, "data": data, "config": config, "wide": tmp / "config/wide.json", "bert": data.tokenizer,
-            "store": tmp / "data/flickr30k/features/flickr30k_boxes36.lmdb"}
+            "wide_data": wide_data, "store": tmp / "data/flickr30k/features/flickr30k_boxes36.lmdb"}
 
 
-def pretrain_flags(site, out: Path, *extra, wiki=False, config=None) -> list[str]:
-    data = site["data"]
+def pretrain_flags(site, out: Path, *extra, wiki=False, config=None, data=None) -> list[str]:
+    data = data or site["data"]
     flags = ["--config_file", str(config or site["config"]), "--bert_model", str(site["bert"]), "--do_lower_case",
              "--annotations_path", str(data.annotations), "--features_path", str(data.features),
              "--num_workers", "0", "--num_val_workers", "0", "--output_dir", str(out / "ckpt"),
@@ -112,7 +115,9 @@ def test_pretrain_then_finetune_then_zero_shot_retrieval(site, capsys):
 
 
 def test_wiki_script_interleaves_a_wikipedia_step(site):
+    from volta_ml.models import build_model, load_config
     from volta_ml.pretrain.cli import main_wiki
+    from volta_ml.pretrain.job import pretrain_param_groups
 
     out = site["tmp"] / "wiki"
     assert main_wiki(pretrain_flags(site, out, "--train_x_batch_size", "4", "--train_m_batch_size", "6",
@@ -121,28 +126,35 @@ def test_wiki_script_interleaves_a_wikipedia_step(site):
     assert "Validation [Conceptual_CaptionplusWikipedia]: masked_t" in (run_dir / "out.txt").read_text()
     latest = torch.load(run_dir / "pytorch_ckpt_latest.tar", weights_only=True)
     assert latest["global_step"] == 4                          # 16 captions, batch 4: the schedule's steps
-    steps = {int(state["step"]) for state in latest["optimizer_state_dict"]["state"].values()}
-    assert steps == {8}                                        # each preceded by a Wikipedia step of its own
+    # each step is preceded by a Wikipedia step of its own; the heads the MLM loss does not reach join those steps
+    # with zero gradients once they have been stepped (VOLTA's zero_grad zeroes): all but the first
+    model = build_model(load_config(str(site["config"])), kind="pretraining")
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    names = [name_of[id(p)] for g in pretrain_param_groups(model, 1e-3, 0.01, None, 0.1) for p in g["params"]]
+    steps = {names[int(i)]: int(state["step"]) for i, state in latest["optimizer_state_dict"]["state"].items()}
+    assert steps["bert.embeddings.word_embeddings.weight"] == 8 and steps["cls.bi_seq_relationship.weight"] == 7
+    assert set(steps.values()) == {7, 8}
 
 
 # ---- exact resume after SIGKILL -----------------------------------------------------------------------------------
 
-# 46 examples at 2 per micro-batch = 23 micro-batches with grad-acc 2: the odd one's gradients carry into the
-# next epoch's first (Wikipedia) optimizer step, and into the resume file.
 RESUME = ["--train_x_batch_size", "4", "--train_m_batch_size", "4", "--gradient_accumulation_steps", "2",
-          "--num_train_epochs", "2", "--checkpoint_every_steps", "1", "--objective", "0"]
+          "--num_train_epochs", "2", "--checkpoint_every_steps", "1", "--max_x_seq_length", "12"]
 
 
 def test_sigkill_then_resume_gives_the_uninterrupted_weights(site, tmp_path):
-    reference = tmp_path / "reference"
-    assert generated.run(pretrain_flags(site, reference, *RESUME, wiki=True, config=site["wide"]), wiki=True,
-                         examples=46) == 0
-    expected = load_weights(reference / "ckpt" / "wide" / "pytorch_model_1.bin")
+    """train_concap_wiki.py with NCE (random negatives from the torch RNG), the Wikipedia step and gradients carried
+    over the epoch end, killed at a random step and resumed: the weights of the uninterrupted run, bit for bit."""
+    from volta_ml.pretrain.cli import main_wiki
+
+    flags = functools.partial(pretrain_flags, site, wiki=True, config=site["wide"], data=site["wide_data"])
+    assert main_wiki(flags(tmp_path / "reference", *RESUME)) == 0
+    expected = load_weights(tmp_path / "reference" / "ckpt" / "wide" / "pytorch_model_1.bin")
 
     out = tmp_path / "killed"
-    argv = [sys.executable, HELPER, "--wiki", "--examples", "46", "--sleep", "0.02",
-            *pretrain_flags(site, out, *RESUME, wiki=True, config=site["wide"])]
-    proc = subprocess.Popen(argv, env=toy_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [sys.executable, HELPER, "--wiki", *flags(out, *RESUME)]
+    proc = subprocess.Popen(argv + ["--sleep", "0.02"], env=toy_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     latest = out / "ckpt" / "wide" / "pytorch_ckpt_latest.tar"
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None:
@@ -154,8 +166,8 @@ def test_sigkill_then_resume_gives_the_uninterrupted_weights(site, tmp_path):
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL
     assert not (out / "ckpt" / "wide" / "pytorch_model_1.bin").exists(), "the run finished before the kill"
-    resumed = subprocess.run(argv[:2] + ["--wiki", "--examples", "46"] + argv[7:] + ["--resume_file", str(latest)],
-                             env=toy_env(), capture_output=True, text=True, timeout=120)
+    resumed = subprocess.run([sys.executable, "train_concap_wiki.py", *flags(out, *RESUME), "--resume_file",
+                              str(latest)], cwd=REPO, env=toy_env(), capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resumed from" in resumed.stderr
     assert_same_weights(load_weights(out / "ckpt" / "wide" / "pytorch_model_1.bin"), expected, exact=True)
@@ -195,7 +207,6 @@ def test_bad_inputs_are_one_line_and_exit_2(site, tmp_path, capsys):
     from volta_ml.cli import main as volta_ml_main
     from volta_ml.pretrain.cli import main
 
-    from helpers_pretrain import make_feature_store
     data = site["data"]
     no_cls = make_feature_store(tmp_path / "no_cls", data, fields=("objects_id", "objects_conf"))
     lacking = make_feature_store(tmp_path / "lacking", data, ids=data.train_ids[1:] + data.val_ids)

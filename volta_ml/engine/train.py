@@ -72,7 +72,8 @@ class Interleaved:
     """Before the first micro-batch of every optimizer step: `grad_acc` batches of another data set, each loss
     divided by `grad_acc` and backpropagated, then clipping and an optimizer step of their own, without a
     learning-rate schedule step (VOLTA's train_concap_wiki.py). Gradients a job carries over an epoch end are
-    stepped with them, as there."""
+    stepped with them, as there; tensors these batches do not reach take part with zero gradients once they have
+    been stepped before (VOLTA's zero_grad zeroes rather than drops gradients)."""
     batch: Callable[[int], object]                    # index -> batch; the same index gives the same batch
     loss: Callable[[nn.Module, object], torch.Tensor]
 
@@ -187,6 +188,12 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
                     extra_loss = job.interleaved.loss(model, extra)
                 precision.scaler.scale(extra_loss / grad_acc).backward()
             total += extra_loss.detach().double()
+        # VOLTA's zero_grad (torch 1.x) zeroes gradients rather than dropping them: a tensor the other loss does
+        # not reach (the matching and region heads for Wikipedia MLM) still takes part in this step once it has
+        # been stepped before (momentum and weight decay move it)
+        for param in trainable:
+            if param.grad is None and optimizer.state.get(param):
+                param.grad = torch.zeros_like(param)
         if args.clip_grad_norm > 0:
             precision.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(trainable, args.clip_grad_norm)
