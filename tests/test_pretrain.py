@@ -286,7 +286,9 @@ def test_pretraining_heads_start_xavier_as_volta():
 def test_param_groups_bert_tensors_at_a_tenth_and_no_decay_names(tmp_path):
     torch.manual_seed(0)
     config = tiny_config("ctrl_vilbert_base")
+    config.type_vocab_size = 3                      # the checkpoint's 2 rows fill the first two, as VOLTA resizes
     model = build_model(config, kind="pretraining")
+    third_row = model.bert.embeddings.token_type_embeddings.weight[2].detach().clone()
     H = config.hidden_size
     # a text-only BERT checkpoint with Hugging Face names (1 layer, token types of 2 rows)
     hf = {"bert.embeddings.word_embeddings.weight": torch.randn(config.vocab_size, H),
@@ -299,6 +301,8 @@ def test_param_groups_bert_tensors_at_a_tenth_and_no_decay_names(tmp_path):
     torch.save(hf, tmp_path / "pytorch_model.bin")
     loaded = init_from_text_model(model, tmp_path)
     assert torch.equal(model.bert.embeddings.word_embeddings.weight, hf["bert.embeddings.word_embeddings.weight"])
+    types = model.bert.embeddings.token_type_embeddings.weight
+    assert torch.equal(types[:2], hf["bert.embeddings.token_type_embeddings.weight"]) and torch.equal(types[2], third_row)
     groups = pretrain_param_groups(model, lr=1e-4, weight_decay=0.01, bert_tensors=loaded, bert_lr_scale=0.1)
     got = {id(p): (g["lr"], g["weight_decay"]) for g in groups for p in g["params"]}
     sublayer = config.bert_layer2attn_sublayer.get("0", 0)
@@ -407,3 +411,21 @@ def test_sweep_pretrains_first_and_fine_tunes_from_the_last_epoch(tmp_path):
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(GridError, match="not both"):
         load_grid(path)
+
+
+def test_x_pretrained_loads_the_v_layers_tensors_of_a_volta_checkpoint(tmp_path):
+    from volta_ml.pretrain.job import load_vision_checkpoint
+    config = tiny_config("ctrl_vilbert_base")
+    torch.manual_seed(1)
+    source = build_model(config, kind="pretraining")
+    torch.save(source.state_dict(), tmp_path / "volta.bin")
+    for v_layers, copied in ((None, lambda name: True),
+                             (["bert.v_embeddings"], lambda name: name.startswith("bert.v_embeddings"))):
+        torch.manual_seed(2)
+        model = build_model(config, kind="pretraining")
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        config.v_layers = v_layers
+        load_vision_checkpoint(model, str(tmp_path / "volta.bin"), config)
+        for name, value in model.state_dict().items():
+            assert torch.equal(value, source.state_dict()[name] if copied(name) else before[name]), name
+    config.v_layers = None
