@@ -115,13 +115,15 @@ def test_pretrain_then_finetune_then_zero_shot_retrieval(site, capsys):
 
 
 def test_wiki_script_interleaves_a_wikipedia_step(site):
+    """train_concap_wiki.py (in bf16 autocast): one Wikipedia optimizer step before each Conceptual Captions one."""
     from volta_ml.models import build_model, load_config
     from volta_ml.pretrain.cli import main_wiki
     from volta_ml.pretrain.job import pretrain_param_groups
 
     out = site["tmp"] / "wiki"
     assert main_wiki(pretrain_flags(site, out, "--train_x_batch_size", "4", "--train_m_batch_size", "6",
-                                    "--num_train_epochs", "1", "--max_x_seq_length", "12", wiki=True)) == 0
+                                    "--num_train_epochs", "1", "--max_x_seq_length", "12", "--amp", "bf16",
+                                    wiki=True)) == 0
     run_dir = out / "ckpt" / "tiny_uniter"
     assert "Validation [Conceptual_CaptionplusWikipedia]: masked_t" in (run_dir / "out.txt").read_text()
     latest = torch.load(run_dir / "pytorch_ckpt_latest.tar", weights_only=True)
