@@ -403,6 +403,27 @@ def test_zero_copy_unpack_matches_the_general_decoder():
         assert not fast[0].flags.owndata and not fast[0].flags.writeable     # a view of the value
 
 
+def test_encoded_captions_are_kept_in_the_token_cache(pdata, tok, tmp_path, monkeypatch):
+    from volta_ml.data.cache import TokenCache
+    from volta_ml.pretrain.text import TextEncoder
+    cache = TokenCache(tmp_path / "tokens")
+    first = batch_of(cc(pdata, tok, token_cache=cache))
+    assert len(list((tmp_path / "tokens").glob("captions-*.npz"))) == 1
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("encoded again")
+    monkeypatch.setattr(TextEncoder, "encode_many", no_encoding)
+    again = batch_of(cc(pdata, tok, token_cache=cache))       # the cached ids, not the tokenizer
+    assert all(torch.equal(first[k], again[k]) for k in FIELDS)
+    monkeypatch.undo()
+    ann = tmp_path / "ann"
+    ann.mkdir()
+    captions = json.loads((pdata.annotations / "caption_train.json").read_text())
+    (ann / "caption_train.json").write_text(json.dumps({k: v + " dog" for k, v in captions.items()}))
+    ConceptCapData(ann, pdata.features, tok, SEQ, token_cache=cache)   # another file: another entry
+    assert len(list((tmp_path / "tokens").glob("captions-*.npz"))) == 2
+
+
 # --- bad input: one line, a usage error (exit code 2) ------------------------------------------------------------------
 def one_line(err) -> str:
     message = str(err.value)
