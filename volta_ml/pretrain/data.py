@@ -6,6 +6,8 @@ Contract (the pretraining job codes against it):
 add_global_imgfeat=None, rank=None, seed=0, region_len=36, visual_target_weights=None, token_cache=None)` is a
 map-style torch Dataset with one sample per image record; `len()` is the record count (VOLTA's `num_dataset`).
 `token_cache` (a `volta_ml.data.cache.TokenCache`) keeps the encoded captions file between runs and ranks.
+`ds.sharded` is True when the file read is this rank's part of VOLTA's distributed layout (training split with
+`rank`): shard nothing further. The validation split always reads all of `validation_feat_all.lmdb`.
 `set_epoch(epoch)` selects the epoch; `ds[i]` is a `ConceptCapExample` that depends only on (seed, epoch,
 rank, i): masking and the negative caption come from the sample's own random stream
 (`masking.sample_uniforms`), so a resumed run regenerates the same batches, in any batch composition and any
