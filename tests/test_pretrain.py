@@ -429,3 +429,19 @@ def test_x_pretrained_loads_the_v_layers_tensors_of_a_volta_checkpoint(tmp_path)
         for name, value in model.state_dict().items():
             assert torch.equal(value, source.state_dict()[name] if copied(name) else before[name]), name
     config.v_layers = None
+
+
+@pytest.mark.parametrize("family", ["lxmert", "vl-bert_base", "uc2_base", "ctrl_visualbert_base"])
+def test_every_family_pretrains_with_its_visual_targets(family):
+    """LXMERT's three criteria without a global feature, VL-BERT's object labels with the global feature last and
+    no matching head, UC2 and VisualBERT: a finite step whose parts are what the config asks for."""
+    torch.manual_seed(0)
+    config = tiny_config(family, feature_size=2048)
+    model = build_model(config, kind="pretraining").train()
+    loss, parts, n, _ = forward_and_loss(model, fake_batch(config), "TASK0", config=config, objective=0)
+    loss.backward()
+    assert math.isfinite(float(loss.detach())) and n == B and float(parts[1]) > 0
+    assert (float(parts[2]) == 0.0) == (config.fusion_method == "none")
+    decoders = model.cls.imagePredictions.decoder_dict
+    assert sorted(int(k) for k in decoders) == sorted(losses.active_targets(config))
+    assert all(decoders[k].weight.grad is not None and decoders[k].weight.grad.abs().sum() > 0 for k in decoders)
