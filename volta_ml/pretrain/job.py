@@ -69,8 +69,8 @@ def init_from_text_model(model: nn.Module, path: Path) -> set[int]:
     resizes it (the checkpoint's rows copied, further rows kept at their initialisation). Returns the ids of the
     `bert.*` tensors the checkpoint initialised."""
     state = read_state_dict(path)
-    table = model.state_dict()[TOKEN_TYPES]
-    for key in [k for k in state if k.endswith("embeddings.token_type_embeddings.weight")]:
+    table = model.state_dict().get(TOKEN_TYPES)      # UC2 names its table differently: nothing to resize
+    for key in [k for k in state if table is not None and k.endswith("embeddings.token_type_embeddings.weight")]:
         rows = state[key]
         if rows.dim() == 2 and rows.shape[1] == table.shape[1] and rows.shape[0] != table.shape[0]:
             resized = table.detach().clone()
