@@ -60,7 +60,7 @@ def pretrain_flags(site, out: Path, *extra, wiki=False, config=None, data=None) 
     flags = ["--config_file", str(config or site["config"]), "--bert_model", str(site["bert"]), "--do_lower_case",
              "--annotations_path", str(data.annotations), "--features_path", str(data.features),
              "--num_workers", "0", "--num_val_workers", "0", "--output_dir", str(out / "ckpt"),
-             "--logdir", str(out / "tb"), "--device", "cpu", "--learning_rate", "1e-3"]
+             "--logdir", str(out / "tb"), "--device", "cpu", "--learning_rate", "1e-3", "--no_cache"]
     flags += ["--m_pretrained", "", "--dataroot", str(data.wiki), "--lgs", "en-de", "--max_m_seq_length", "16"] \
         if wiki else ["--from_pretrained", ""]
     return flags + list(extra)

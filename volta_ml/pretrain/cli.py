@@ -103,6 +103,9 @@ def add_pretrain_flags(parser: argparse.ArgumentParser, wiki: bool) -> argparse.
           help="also write pytorch_ckpt_latest.tar every N optimizer steps (0: at epoch ends only)")
     extra("--num_val_workers", type=int_at_least(0), default=2, help="validation DataLoader workers (VOLTA: 2)")
     extra("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    extra("--cache_dir", default=None, help="where the encoded captions are kept between runs and ranks (default "
+                                            "$VOLTA_ML_CACHE or ~/.cache/volta_ml/tokens)")
+    extra("--no_cache", action="store_true", help="encode the captions file anew, keep nothing")
     return parser
 
 

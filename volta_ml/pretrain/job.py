@@ -20,7 +20,7 @@ from volta_ml.engine.distributed import DistInfo, barrier
 from volta_ml.engine.failures import UsageError
 from volta_ml.engine.optim import NO_DECAY_MARKERS
 from volta_ml.engine.preflight import check_text_fits
-from volta_ml.engine.run_setup import model_setup
+from volta_ml.engine.run_setup import model_setup, token_cache
 from volta_ml.engine.task_job import config_label
 from volta_ml.engine.train import Interleaved, TrainJob, per_step_batch_size
 from volta_ml.models import build_model, load_checkpoint, read_state_dict
@@ -157,7 +157,7 @@ def concap_sets(args, tokenizer, config, info: DistInfo):
     common = dict(annotations_path=args.annotations_path, features_path=args.features_path, tokenizer=tokenizer,
                   seq_len=args.max_seq_length, objective=args.objective, num_locs=config.num_locs,
                   add_global_imgfeat=getattr(config, "add_global_imgfeat", None), seed=args.seed,
-                  visual_target_weights=config.visual_target_weights)
+                  visual_target_weights=config.visual_target_weights, token_cache=token_cache(args))
     train = ConceptCapData(split="train", rank=rank, **common)
     if rank is not None:
         shortest = all_reduce_min(len(train), info)
