@@ -76,6 +76,8 @@ def _checks():
         "device": (zoo.check_device, 10, "device, torch/CUDA versions, the peak FLOP/s MFU divides by"),
         "parity": (zoo.check_parity, 40, "golden fixtures on the device: fp32 parity, bf16-autocast drift"),
         "train_step": (zoo.check_train_step, 165, "forward+backward+AdamW samples/s and MFU, batch 64, fp32/bf16"),
+        "pretrain": (zoo.check_pretrain, 60, "pretraining step (train_concap.py: MLM + masked regions + ITM, "
+                                             "AdamW) samples/s, batch 64, fp32/bf16"),
         "retrieval": (zoo.check_retrieval, 60, "retrieval pairs/s, VOLTA scheme vs compute_score_matrix"),
         "extraction": (zoo.check_extraction, 45, "region-feature extraction images/s per detector preset"),
         "cvqa_zoo": (zoo.check_cvqa_zoo, 30, "CVQA questions/s, model-zoo matching scorer"),
@@ -87,7 +89,7 @@ def _checks():
     }
 
 
-CHECK_NAMES = ("device", "parity", "train_step", "retrieval", "extraction", "cvqa_zoo", "cvqa_hf", "hf_train", "ddp")
+CHECK_NAMES = ("device", "parity", "train_step", "pretrain", "retrieval", "extraction", "cvqa_zoo", "cvqa_hf", "hf_train", "ddp")
 
 
 def run_inline(name: str, args, budget: float, rows_file: Path) -> tuple[str, str]:

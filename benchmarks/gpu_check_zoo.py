@@ -195,6 +195,20 @@ def check_train_step(ctx) -> None:
                     peak_tflops=peak, peak_gib=r.get("peak_gib"), params_m=r.get("params_m"))
 
 
+def check_pretrain(ctx) -> None:
+    """train_concap.py's step (three losses, heads on the masked slots, AdamW) at the base configs, batch 64."""
+    import bench_pretrain
+    batch, steps = (2, 1) if ctx.quick else (64, 5)
+    device = "cuda" if ctx.device.startswith("cuda") else "cpu"
+    for name in ("ctrl_lxmert",) if ctx.quick else ("ctrl_vilbert_base", "ctrl_xuniter_base"):
+        source = train_config(name, ctx.quick)
+        for precision in ("fp32", "bf16"):
+            if ctx.skip_if_late(f"{name} {precision}", 2 if ctx.quick else 25):
+                continue
+            r = bench_pretrain.measure(source, device, "bf16" if precision == "bf16" else "none", batch, steps)
+            ctx.row(item=f"pretrain {name} {precision}", config=name, precision=precision, batch=batch, **r)
+
+
 # ---- retrieval, extraction, CVQA (zoo) -------------------------------------------------------------------------
 
 def check_retrieval(ctx) -> None:

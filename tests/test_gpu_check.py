@@ -20,7 +20,7 @@ import gpu_check_zoo  # noqa: E402
 EXPECTED = {  # check -> a field every measured row of it carries
     "device": "torch", "parity": "item", "train_step": "samples_per_s", "retrieval": "pairs_per_s",
     "extraction": "images_per_s", "cvqa_zoo": "questions_per_s", "cvqa_hf": "questions_per_s", "ddp": "speedup",
-    "hf_train": "samples_per_s"}
+    "hf_train": "samples_per_s", "pretrain": "samples_per_s"}
 
 
 @pytest.mark.parametrize("name", gpu_check.CHECK_NAMES)
@@ -41,6 +41,8 @@ def test_every_check_runs_quick_on_cpu(tmp_path, name):
         assert {c for c, _ in goals} == set(gpu_check_zoo.QUICK_CONFIGS)
         assert all(g["status"] == "not measured" and g["value"] is None for (_, kind), g in goals.items() if kind == "MFU")
         assert all(g["status"] in ("pass", "FAIL") and g["value"] > 0 for (_, kind), g in goals.items() if kind == "step")
+    if name == "pretrain":
+        assert {r["precision"] for r in measured} == {"fp32", "bf16"} and all(r["finite"] for r in measured)
     if name == "cvqa_hf":
         assert [r["item"] for r in measured] == list(gpu_check_hf.BACKENDS)
         assert all(r["finite"] for r in measured)

@@ -62,7 +62,7 @@ def _run(args, build_job: Callable[[object, DistInfo], TrainJob], prog: str) -> 
     except (Exception, KeyboardInterrupt) as error:
         return fail(error, prog)
     shutdown(info)
-    if info.is_main:
+    if info.is_main and not job.loss_parts:   # pretraining jobs have no score
         sys.stderr.flush()
         # the few-shot scripts read field 4 of the last log line
         print(f"Best Validation score: {best * 100:.3f} ", flush=True)

@@ -37,6 +37,7 @@ class EvalResult:
     n_batches: int
     predictions: list[dict] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
+    score_sums: list[float] = field(default_factory=list)   # every entry of a vector score (score_width > 1)
 
     @property
     def score_percent(self) -> float:
@@ -84,12 +85,14 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
              batch_size: int = 30, num_workers: int = 0, loader: DataLoader | None = None,
              precision: str = "none", loss_name: str | None = None, max_batches: int | None = None,
              keep_predictions: bool = True, progress: bool = True, desc: str | None = None, progress_file=None,
-             info: DistInfo | None = None) -> EvalResult:
+             info: DistInfo | None = None, score_width: int = 1) -> EvalResult:
     """Evaluate `model` on `dataset` with `family.forward_and_loss` (or `forward_and_loss(model, batch,
     task_id)`, e.g. a training job's; then there are no prediction rows).
 
     `loader` (optional) replaces the default sequential DataLoader (e.g. a sharded sampler); `max_batches`
     evaluates exactly that many batches (VOLTA's `--max_val_batches N` means N-1 of them: pass N-1).
+    `score_width` > 1: the score of a batch is a vector of that many sums (pretraining's loss parts, each summed
+    over the examples); `score_sums` holds their totals, `score_sum` / `score` the first.
     The model is put in eval mode and restored to its previous mode afterwards.
     """
     device = model_device(model)
@@ -101,7 +104,7 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
         loader = make_loader(dataset, batch_size, num_workers, pin_memory=device.type == "cuda")
     was_training = model.training
     model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)   # Σ loss·n, Σ score, Σ n: no sync per batch
+    sums = torch.zeros(2 + score_width, dtype=torch.float64, device=device)   # Σ loss·n, Σ score, Σ n: no sync
     n_batches = 0
     rows: list[tuple[int, dict]] = []
     total = len(loader) if max_batches is None else min(len(loader), max_batches)
@@ -116,7 +119,8 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
                 with autocast(precision, device):
                     loss, score, count, logits = forward_and_loss(model, batch, task_id)
                 n = as_tensor(count, device)
-                sums += torch.stack([as_tensor(loss, device) * n, as_tensor(score, device), n])
+                sums += torch.cat([(as_tensor(loss, device) * n).reshape(1), as_tensor(score, device).reshape(-1),
+                                   n.reshape(1)])
                 n_batches += 1
                 if keep_predictions:
                     predicted = family.predictions(batch, logits.float().cpu(), dataset)
@@ -127,7 +131,8 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
         model.train(was_training)
     if info is not None:
         all_reduce_sum(sums, info)
-    loss_sum, score_sum, n_examples = sums.tolist()
+    loss_sum, *score_sums, n_examples = sums.tolist()
+    score_sum = score_sums[0]
     n_examples = int(n_examples)
     if n_examples == 0:
         logger.warning("%s: evaluated no examples (an empty set, or --max_val_batches 1, which evaluates 0 "
@@ -140,4 +145,5 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
         loss_sum=loss_sum, score_sum=score_sum, n_examples=n_examples, n_batches=n_batches,
         predictions=predictions,
         metrics=family.extra_metrics(predictions, task_id) if keep_predictions else {},
+        score_sums=score_sums,
     )

@@ -147,9 +147,11 @@ def _fused_update(state, params, group, step_size: float, keep: float, device) -
                         eps=group["eps"], amsgrad=False, maximize=False)
 
 
-def build_optimizer(model: nn.Module, args, device: torch.device) -> torch.optim.Optimizer:
-    """The optimizer named by `--optim` / `--adam_impl` over the model's trainable tensors."""
-    groups = parameter_groups(model, args.weight_decay)
+def build_optimizer(model: nn.Module, args, device: torch.device, groups: list[dict] | None = None
+                    ) -> torch.optim.Optimizer:
+    """The optimizer named by `--optim` / `--adam_impl` over the model's trainable tensors, in `groups` when
+    given (a group may set its own "lr"; default: `parameter_groups`)."""
+    groups = parameter_groups(model, args.weight_decay) if groups is None else groups
     if not groups:
         raise UsageError("no trainable parameters: every parameter is frozen by fixed_layers")
     betas = tuple(args.adam_betas)

@@ -3,6 +3,9 @@
 `train(job, args, info)` runs `args.num_epoch` epochs of `job.train_dataset` through
 `job.forward_and_loss(model, batch, task_id) -> (loss, score_sum, n_examples, logits)`,
 validates after every epoch and returns the best validation score (a fraction).
+A job with `loss_parts` (pretraining, volta_ml/pretrain) returns the per-example sums of its loss parts in
+place of `score_sum`; the log lines, TensorBoard and validation show those parts, and there is no score
+(every epoch's weights are kept, as VOLTA's train_concap.py does).
 `args` carries train_task.py's flags (see `volta_ml.cli.train_task`). docs/training.md
 lists which VOLTA quirks are kept and which bugs are fixed.
 """
@@ -53,6 +56,26 @@ class TrainJob:
     # rank 0, after pytorch_model_best.bin is written: export the bare model in another format too
     # (the HF dual encoders' save_pretrained folder, volta_ml/iglue_hf/train.py)
     on_best_saved: Callable[[nn.Module], None] | None = None
+    # pretraining (volta_ml/pretrain): (log label, TensorBoard key) of each loss part forward_and_loss sums
+    loss_parts: tuple[tuple[str, str], ...] = ()
+    # the optimizer's parameter groups (a group may carry its own "lr"); default: decay / no decay
+    param_groups: Callable[[nn.Module], list[dict]] | None = None
+    # an optimizer step of other batches before each of the job's own (train_concap_wiki.py's Wikipedia MLM)
+    interleaved: "Interleaved | None" = None
+    # the training set is this rank's own part (VOLTA's training_feat_part_<rank>.lmdb): not sharded again;
+    # every rank's part must give the same number of batches
+    rank_shard: bool = False
+
+
+@dataclass
+class Interleaved:
+    """Before the first micro-batch of every optimizer step: `grad_acc` batches of another data set, each loss
+    divided by `grad_acc` and backpropagated, then clipping and an optimizer step of their own, without a
+    learning-rate schedule step (VOLTA's train_concap_wiki.py). Gradients a job carries over an epoch end are
+    stepped with them, as there; tensors these batches do not reach take part with zero gradients once they have
+    been stepped before (VOLTA's zero_grad zeroes rather than drops gradients)."""
+    batch: Callable[[int], object]                    # index -> batch; the same index gives the same batch
+    loss: Callable[[nn.Module, object], torch.Tensor]
 
 
 class RunLog:
@@ -108,12 +131,12 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
     barrier(info)
 
     batch = per_step_batch_size(args, info.world_size)
-    loader = train_loader(job.train_dataset, batch, info, args, job.collate_fn)
+    loader = train_loader(job.train_dataset, batch, info, args, job.collate_fn, shard=not job.rank_shard)
     micro_per_epoch = len(loader)
     if micro_per_epoch == 0:
         raise ValueError(f"the training set of {job.task_name} gives no batch of {batch} examples")
     total_steps, warmup = schedule_lengths(micro_per_epoch, args)
-    optimizer = build_optimizer(model, args, info.device)
+    optimizer = build_optimizer(model, args, info.device, job.param_groups(model) if job.param_groups else None)
     scheduler = build_scheduler(optimizer, total_steps, warmup, args.lr_scheduler)
     precision = Precision(args.amp, info.device)
 
@@ -152,6 +175,33 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
             if tag == "best" and job.on_best_saved is not None:
                 job.on_best_saved(ckpt.unwrap(model))
 
+    width = len(job.loss_parts) or 1   # entries of the score (or of the loss parts) forward_and_loss returns
+    steps_per_epoch = -(-micro_per_epoch // grad_acc)
+
+    def interleaved_step(index: int) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float64, device=info.device)
+        for k in range(grad_acc):
+            extra = move_to_device(job.interleaved.batch(index * grad_acc + k), info.device)
+            sync = model.no_sync() if ddp and k + 1 < grad_acc else contextlib.nullcontext()
+            with sync:
+                with precision.autocast():
+                    extra_loss = job.interleaved.loss(model, extra)
+                precision.scaler.scale(extra_loss / grad_acc).backward()
+            total += extra_loss.detach().double()
+        # VOLTA's zero_grad (torch 1.x) zeroes gradients rather than dropping them: a tensor the other loss does
+        # not reach (the matching and region heads for Wikipedia MLM) still takes part in this step once it has
+        # been stepped before (momentum and weight decay move it)
+        for param in trainable:
+            if param.grad is None and optimizer.state.get(param):
+                param.grad = torch.zeros_like(param)
+        if args.clip_grad_norm > 0:
+            precision.scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(trainable, args.clip_grad_norm)
+        precision.scaler.step(optimizer)
+        precision.scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return total
+
     # --max_val_batches N stops when the batch index equals N-1: N-1 batches (quirk kept)
     end_max_batches = args.max_val_batches - 1 if args.max_val_batches > 0 else None
     val_loaders = {}
@@ -159,13 +209,20 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
     def run_validation(micro_total: int, max_batches: int | None) -> float:
         if job.val_dataset is None:
             return -1.0
-        log.line(f"Eval task {job.task_id} on iteration {micro_total}")
+        if not job.loss_parts:   # train_concap.py has no such line
+            log.line(f"Eval task {job.task_id} on iteration {micro_total}")
         if max_batches not in val_loaders:
             val_loaders[max_batches] = val_loader(job.val_dataset, args.eval_batch_size, info, args, job.collate_fn,
                                                   max_batches)
         result = evaluate(ckpt.unwrap(model), job.val_dataset, task_id=job.task_id,
                           forward_and_loss=job.forward_and_loss, loader=val_loaders[max_batches],
-                          precision=precision.mode, progress=False, info=info)
+                          precision=precision.mode, progress=False, info=info, score_width=width)
+        if job.loss_parts:  # VOLTA's train_concap.py line; no score, so no "best" weights
+            means = {part: total / max(result.n_examples, 1) for part, total in zip(job.loss_parts, result.score_sums)}
+            log.line(f"Validation [{job.task_name}]: " + " ".join(f"{label} {value:.3f}"
+                                                                 for (label, _), value in means.items()))
+            log.scalars("val", job.task_name, global_step, **{key: value for (_, key), value in means.items()})
+            return -1.0
         loss, score = result.loss, result.score
         log.line(f"Validation [{job.task_name}]: loss {loss:.3f} score {score * 100:.3f} ")
         log.scalars("val", job.task_name, global_step, loss=loss, score=score)
@@ -175,7 +232,7 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
         save_bin(-1)
         save_latest(-1, 0, 0)
 
-    window = torch.zeros(3, dtype=torch.float64, device=info.device)  # loss sum, score sum, examples
+    window = torch.zeros(2 + width, dtype=torch.float64, device=info.device)  # loss sum, score sum(s), examples
     window_micro = 0
     timing = {"seconds": 0.0, "micro": 0, "steps": 0}  # training time without validation
     with PreemptionFlag() as stop, contextlib.closing(log):
@@ -192,6 +249,8 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
                        disable=not info.is_main, dynamic_ncols=True, file=sys.stderr, mininterval=2.0)
             started, steps_before = time.perf_counter(), global_step
             for micro, batch_data in enumerate(loader, start=first_micro):
+                if job.interleaved is not None and micro % grad_acc == 0:
+                    step_loss += interleaved_step(epoch * steps_per_epoch + micro // grad_acc)  # NaN stops too
                 batch_data = move_to_device(batch_data, info.device)
                 is_step = (micro + 1) % grad_acc == 0
                 sync = model.no_sync() if ddp and not is_step else contextlib.nullcontext()
@@ -201,8 +260,8 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
                     precision.scaler.scale(loss / grad_acc if grad_acc > 1 else loss).backward()
                 loss_value = loss.detach().double()
                 step_loss += loss_value
-                window += torch.stack([loss_value, as_tensor(score_sum, info.device),
-                                       as_tensor(n_examples, info.device)])
+                window += torch.cat([loss_value.reshape(1), as_tensor(score_sum, info.device).reshape(-1),
+                                     as_tensor(n_examples, info.device).reshape(1)])
                 window_micro += 1
                 bar.update(1)
 
@@ -231,13 +290,20 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
                         save_latest(epoch - 1, epoch, micro + 1)
 
                 if micro % (20 * grad_acc) == 0 and micro != 0 and window_micro:
-                    loss_sum, score_total, count = window.tolist()
+                    loss_sum, *score_totals, count = window.tolist()
                     micro_total = epoch * micro_per_epoch + micro + 1
                     lr = optimizer.param_groups[0]["lr"]
-                    mean_loss, mean_score = loss_sum / window_micro, score_total / max(count, 1.0)
-                    log.line(f"[{job.task_name}]: iter {micro_total} Ep: {micro_total / micro_per_epoch:.2f} "
-                             f"loss {mean_loss:.3f} score {mean_score:.3f} lr {lr:.6g}")
-                    log.scalars("train", job.task_name, global_step, loss=mean_loss, score=mean_score, norm=lr)
+                    head = f"[{job.task_name}]: iter {micro_total} Ep: {micro_total / micro_per_epoch:.2f} "
+                    if job.loss_parts:  # VOLTA's train_concap.py line
+                        means = [total / max(count, 1.0) for total in score_totals]
+                        log.line(head + " ".join(f"{label} {value:.3f}" for (label, _), value in
+                                                 zip(job.loss_parts, means)) + f" lr {lr:.6g}")
+                        log.scalars("train", job.task_name, global_step,
+                                    **{key: value for (_, key), value in zip(job.loss_parts, means)})
+                    else:
+                        mean_loss, mean_score = loss_sum / window_micro, score_totals[0] / max(count, 1.0)
+                        log.line(head + f"loss {mean_loss:.3f} score {mean_score:.3f} lr {lr:.6g}")
+                        log.scalars("train", job.task_name, global_step, loss=mean_loss, score=mean_score, norm=lr)
                     window.zero_()
                     window_micro = 0
 

@@ -85,8 +85,12 @@ class Precision:
         return autocast(self.mode, self.device)
 
 
-def train_loader(dataset: Dataset, batch_size: int, info: DistInfo, args, collate_fn) -> DataLoader:
-    sampler = ResumableDistributedSampler(dataset, info, shuffle=True, seed=args.seed)
+def train_loader(dataset: Dataset, batch_size: int, info: DistInfo, args, collate_fn, shard: bool = True
+                 ) -> DataLoader:
+    """`shard=False`: the dataset already is this rank's own part (VOLTA's training_feat_part_<rank>.lmdb): every
+    index of it is this rank's."""
+    sampler = ResumableDistributedSampler(dataset, info if shard else DistInfo(device=info.device), shuffle=True,
+                                          seed=args.seed)
     workers = args.num_workers // info.world_size
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                       collate_fn=collate_fn, pin_memory=info.device.type == "cuda", drop_last=args.drop_last,

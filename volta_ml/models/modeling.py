@@ -199,7 +199,12 @@ class VLTasksModel(TasksModel):
 
 
 class VLPreTrainingModel(nn.Module):
-    """VOLTA's BertForVLPreTraining without the losses: backbone `bert` + heads `cls`."""
+    """VOLTA's BertForVLPreTraining without the losses: backbone `bert` + heads `cls`.
+
+    As in VOLTA, the heads keep Xavier initialisation (`cls.*`: Xavier-uniform Linear weights, zero biases),
+    applied after the backbone's N(0, initializer_range); the MLM decoder is the word-embedding table, so
+    a model built from scratch starts with Xavier word embeddings, as VOLTA's does.
+    """
 
     def __init__(self, config: VLConfig):
         super().__init__()
@@ -208,11 +213,22 @@ class VLPreTrainingModel(nn.Module):
         self.cls = PreTrainingHeads(config, self.bert.embeddings.word_embeddings)
         self.dropout = nn.Dropout(0.1)
         init_weights(self.bert, config.initializer_range)
+        for module in self.cls.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
 
     def forward(self, input_txt, input_imgs, image_loc, token_type_ids=None, attention_mask=None,
-                image_attention_mask=None) -> dict:
+                image_attention_mask=None, text_positions=None, region_positions=None) -> dict:
+        """The heads' outputs (see `PreTrainingHeads`). `text_positions` [B, L] / `region_positions` [B, R]
+        (bool) restrict the MLM / visual heads to those slots: their outputs are then `[M, n]`, the selected
+        rows in row-major order, the same numbers as the full outputs indexed by the mask (a pretraining
+        loss reads only the masked slots, and the MLM decoder over every token is most of a step's work)."""
         out = self.bert(input_txt, input_imgs, image_loc, token_type_ids, attention_mask, image_attention_mask)
         pooled = fuse(self.config, out)
-        heads = self.cls(out.seq_t, out.seq_v, self.dropout(pooled) if pooled is not None else None)
+        seq_t = out.seq_t if text_positions is None else out.seq_t[text_positions]
+        seq_v = out.seq_v if region_positions is None else out.seq_v[region_positions]
+        heads = self.cls(seq_t, seq_v, self.dropout(pooled) if pooled is not None else None)
         heads["pooled"] = pooled
         return heads

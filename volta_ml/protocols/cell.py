@@ -15,6 +15,7 @@ from volta_ml.atomic import atomic_write_json
 
 CELL_FILE = "cell.json"
 RESULT_FILE = "result.json"
+PRETRAINED = "pytorch_model_pretrained.bin"   # a pretrain cell's link to its last epoch's weights
 
 
 @dataclass

@@ -17,12 +17,15 @@ from .hf_cells import load_hf, task_map
 from .iglue import FEW_SHOT_EPOCHS, FEW_SHOT_LRS, TASKS
 
 PROTOCOLS = ("zero_shot", "translate_test", "few_shot", "translate_train")
-COMMAND_KINDS = ("train", "eval", "eval_retrieval", "gqa_score", "cvqa_score", "iglue_hf")
+COMMAND_KINDS = ("pretrain", "train", "eval", "eval_retrieval", "gqa_score", "cvqa_score", "iglue_hf")
 TOP_KEYS = {"name", "data_root", "output_dir", "task_configs", "checkpoint_root", "models", "tasks", "protocols",
             "languages", "few_shot_languages", "shots", "learning_rates", "seeds", "include_english",
             "num_epoch", "commands", "extra_flags", "paths", "env", "pass_data_root", "slurm", "python", "cvqa",
             "images", "image_templates", "train_images", "train_image_templates"}   # Hugging Face models (hf_cells.py)
-MODEL_KEYS = {"config", "bert_model", "do_lower_case", "is_m3p", "features", "finetuned", "pretrained", "hf"}
+MODEL_KEYS = {"config", "bert_model", "do_lower_case", "is_m3p", "features", "finetuned", "pretrained", "hf",
+              "pretrain"}
+# a model pretrained by the sweep itself (the `pretrain` stage, `volta-ml pretrain`)
+PRETRAIN_KEYS = {"annotations_path", "features_path", "num_train_epochs", "from_pretrained", "flags"}
 EXTRA_FLAG_KINDS = set(COMMAND_KINDS) | {"finetune", "few_shot_train", "translate_train"}
 
 
@@ -37,6 +40,7 @@ class ModelSpec:
     finetuned: dict[str, str] = field(default_factory=dict)   # task -> English fine-tuned checkpoint
     pretrained: str | None = None                              # fine-tune on English first when no `finetuned`
     hf: dict | None = None                                     # a Hugging Face model (hf_cells.py); no checkpoints
+    pretrain: dict | None = None                               # pretrain first (PRETRAIN_KEYS); then `pretrained`
 
 
 @dataclass
@@ -83,7 +87,8 @@ def default_commands(python: str = sys.executable) -> dict[str, list[str]]:
     """The volta-ml entry points (same flags as train_task.py & co), run with `python` (default: the
     interpreter running the sweep, which also suits Slurm nodes sharing its environment)."""
     base = [python, "-m", "volta_ml.cli"]
-    return {"train": base + ["train"], "eval": base + ["eval"], "eval_retrieval": base + ["eval-retrieval"],
+    return {"pretrain": base + ["pretrain"], "train": base + ["train"], "eval": base + ["eval"],
+            "eval_retrieval": base + ["eval-retrieval"],
             "gqa_score": base + ["gqa-score"], "cvqa_score": base + ["cvqa", "score"],
             "iglue_hf": base + ["iglue-hf"]}
 
@@ -228,11 +233,15 @@ def _model(name: str, spec, base: Path, tasks: list[str], where: str) -> ModelSp
         finetuned = {t: finetuned for t in tasks}     # a template with {task} / {name}
     if not isinstance(finetuned, dict):
         raise GridError(f"{where}.finetuned: expected a path template or a mapping task -> checkpoint")
-    if not spec.get("pretrained"):
+    pretrain = _pretrain(spec.get("pretrain"), base, f"{where}.pretrain") if "pretrain" in spec else None
+    if pretrain and spec.get("pretrained"):
+        raise GridError(f"{where}: give 'pretrain' (the sweep pretrains) or 'pretrained' (a checkpoint), not both")
+    if not spec.get("pretrained") and not pretrain:
         missing = [t for t in tasks if t not in finetuned]
         if missing:
             raise GridError(f"{where}: no English fine-tuned checkpoint for task(s) {missing}; give "
-                            f"'finetuned' (path or mapping) or 'pretrained' to fine-tune on English first")
+                            f"'finetuned' (path or mapping), 'pretrained' or 'pretrain' to fine-tune on English "
+                            f"first")
     config = str(spec["config"])
     return ModelSpec(
         name=name, config=str(_resolve(base, config)) if ("/" in config or config.endswith(".json")) else config,
@@ -241,4 +250,28 @@ def _model(name: str, spec, base: Path, tasks: list[str], where: str) -> ModelSp
         features=str(spec.get("features", "X101" if name == "m3p" else "boxes36")),
         finetuned={t: str(v) for t, v in finetuned.items()},
         pretrained=str(spec["pretrained"]) if spec.get("pretrained") else None,
+        pretrain=pretrain,
     )
+
+
+def _pretrain(raw, base: Path, where: str) -> dict:
+    """`models.<m>.pretrain`: Conceptual Captions folders (VOLTA's layout), epochs, text initialisation, flags."""
+    if not isinstance(raw, dict):
+        raise GridError(f"{where}: expected a mapping with annotations_path and features_path")
+    unknown = set(raw) - PRETRAIN_KEYS
+    if unknown:
+        raise GridError(f"{where}: unknown key(s) {sorted(unknown)}; valid keys: {sorted(PRETRAIN_KEYS)}")
+    for key in ("annotations_path", "features_path"):
+        if not raw.get(key):
+            raise GridError(f"{where}: missing '{key}'")
+    epochs = raw.get("num_train_epochs", 10)
+    if not isinstance(epochs, (int, float)) or epochs < 1:
+        raise GridError(f"{where}.num_train_epochs: expected a number >= 1, got {epochs!r}")
+    out = {"annotations_path": str(_resolve(base, raw["annotations_path"])),
+           "features_path": str(_resolve(base, raw["features_path"])), "num_train_epochs": epochs,
+           "flags": _str_list(raw.get("flags", []), f"{where}.flags")}
+    if "from_pretrained" in raw:
+        value = str(raw["from_pretrained"] or "")
+        out["from_pretrained"] = str(_resolve(base, value)) if value and ("/" in value or
+                                                                        Path(value).suffix) else value
+    return out

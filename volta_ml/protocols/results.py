@@ -82,6 +82,20 @@ def best_validation(train_log: Path) -> float:
     return float(last.split(" ")[3])
 
 
+PRETRAIN_VALIDATION = re.compile(r"Validation \[[^\]]*\]: masked_t ([-\d.naif]+) masked_v ([-\d.naif]+) "
+                                 r"NSP ([-\d.naif]+)")
+
+
+def pretrain_validation(train_log: Path) -> dict:
+    """A pretraining run (train_concap.py): the three losses of its last `Validation [...]: masked_t a masked_v b
+    NSP c` line."""
+    found = [m for m in map(PRETRAIN_VALIDATION.search, _lines(train_log)) if m]
+    if not found:
+        raise LogError(f"{train_log}: no 'Validation [...]: masked_t ... masked_v ... NSP ...' line (pretraining "
+                       f"did not finish an epoch?)")
+    return {name: float(value) for name, value in zip(("masked_t", "masked_v", "NSP"), found[-1].groups())}
+
+
 def cvqa_metrics(cell_dir: Path) -> dict:
     """A CVQA cell (one condition): micro and macro accuracy from the `cvqa_results.json` it wrote (None when
     the labels are hidden), and the condition."""

@@ -1,6 +1,8 @@
 """The transfer protocols as cells of train/eval commands, with IGLUE's settings.
 
 Stages, in dependency order:
+- pretrain:        `volta-ml pretrain` (train_concap.py) for models with `pretrain`; its last epoch's weights
+                   are the `pretrained` checkpoint of the stages below;
 - finetune:        English fine-tuning from `pretrained` (only for models without a `finetuned` checkpoint);
 - zero_shot:       the English checkpoint on each target-language test file (plus English itself);
 - translate_test:  the English checkpoint on the machine-translated (`_mt`) test files;
@@ -16,14 +18,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .cell import Cell, Command
+from .cell import PRETRAINED, Cell, Command
 from .cvqa import cvqa_cells
 from .errors import GridError
 from .grid import Grid, ModelSpec
 from .hf_cells import EXPORT, FINE_TUNED, HF_FEW_SHOT_FILES, has_english, hf_argv, hf_tasks, hf_train_argv
 from .iglue import ADAM_FLAGS, TASKS, TaskSpec, finetune_grad_acc, model_extra_flags
 
-STAGES = ("finetune", "zero_shot", "translate_test", "few_shot_train", "few_shot_test", "translate_train",
+STAGES = ("pretrain", "finetune", "zero_shot", "translate_test", "few_shot_train", "few_shot_test", "translate_train",
           "translate_train_test", "cvqa")
 
 
@@ -72,6 +74,34 @@ class Planner:
         return Command(self.grid.step() + ["record", str(cell_dir)], log, log)
 
     # --- checkpoints ---------------------------------------------------------------------
+    def pretrain_cell(self, model: ModelSpec) -> Cell:
+        cell_id = f"pretrain/{model.name}"
+        if cell_id in self.cells:
+            return self.cells[cell_id]
+        spec, d = model.pretrain, self.cell_dir(cell_id)
+        log = str(d / "train.log")
+        argv = self.grid.commands["pretrain"] + ["--config_file", model.config]
+        if model.bert_model:
+            argv += ["--bert_model", model.bert_model]
+        if model.do_lower_case:
+            argv.append("--do_lower_case")
+        if "from_pretrained" in spec:
+            argv += ["--from_pretrained", spec["from_pretrained"]]
+        argv += ["--annotations_path", spec["annotations_path"], "--features_path", spec["features_path"],
+                 "--num_train_epochs", str(spec["num_train_epochs"]), "--output_dir", str(d / "ckpt"),
+                 "--logdir", str(d / "tb")] + list(spec["flags"]) + self.grid.extra_flags.get("pretrain", [])
+        last = f"pytorch_model_{int(spec['num_train_epochs']) - 1}.bin"     # VOLTA runs int(N) epochs
+        return self.add(Cell(id=cell_id, stage="pretrain", protocol="pretrain", model=model.name, task="concap",
+                             scorer="pretrain", commands=[Command(argv, log, log), self.record(d)], logs=[log],
+                             extra={"best": last}))
+
+    def pretrained_checkpoint(self, model: ModelSpec) -> tuple[str | None, list[str]]:
+        """(the checkpoint fine-tuning starts from, cell ids it depends on): the sweep's own pretraining, if any."""
+        if model.pretrain:
+            cell = self.pretrain_cell(model)
+            return str(Path(cell.dir) / PRETRAINED), [cell.id]
+        return model.pretrained, []
+
     def english_checkpoint(self, model: ModelSpec, task: str, seed: int,
                            as_published: bool = False) -> tuple[str, list[str], bool]:
         """(checkpoint path, cell ids it depends on, whether it varies with the seed). A Hugging Face model is
@@ -102,8 +132,9 @@ class Planner:
             return self.add(Cell(id=cell_id, stage="finetune", protocol="finetune", model=model.name, task=task,
                                  seed=seed, scorer="train", commands=[Command(argv, log, log), self.record(d)],
                                  logs=[log], extra={"best": EXPORT}))
+        pretrained, deps = self.pretrained_checkpoint(model)
         argv = (self.grid.commands["train"] + self.model_flags(model) +
-                ["--from_pretrained", model.pretrained,
+                ["--from_pretrained", pretrained,
                  "--tasks_config_file", self.grid.task_configs_file("trainval", model), "--task", spec.task_id,
                  "--gradient_accumulation_steps", str(finetune_grad_acc(task, model.name)), "--seed", str(seed)]
                 + list(spec.finetune_extra) + model_extra_flags(task, model.name, "train") + ADAM_FLAGS
@@ -111,7 +142,7 @@ class Planner:
                 + self.grid.extra_flags.get("train", []) + self.grid.extra_flags.get("finetune", []))
         return self.add(Cell(id=cell_id, stage="finetune", protocol="finetune", model=model.name, task=task,
                              seed=seed, scorer="train", commands=[Command(argv, log, log), self.record(d)],
-                             logs=[log]))
+                             logs=[log], depends_on=deps))
 
     # --- evaluation ----------------------------------------------------------------------
     def eval_cell(self, stage: str, model: ModelSpec, task: str, lang: str, checkpoint: str, deps: list[str],
@@ -252,9 +283,10 @@ class Planner:
         spec = self.spec(task)
         if not spec.translate_train_file:
             raise GridError(f"{self.grid.path}: task '{task}' has no translate-train data in IGLUE")
-        if not model.pretrained:
+        pretrained, deps = self.pretrained_checkpoint(model)
+        if not pretrained:
             raise GridError(f"{self.grid.path}: models.{model.name}: translate-train starts from the pretrained "
-                             f"checkpoint; set 'pretrained'")
+                             f"checkpoint; set 'pretrained' (or 'pretrain')")
         langs = [l for l in self.grid.languages[task] if l in spec.translate_train_languages] or \
             list(spec.translate_train_languages)
         for seed in self.grid.seeds:
@@ -262,7 +294,7 @@ class Planner:
                 cell_id = f"translate_train/{model.name}/{task}/{lang}/seed{seed}"
                 d = self.cell_dir(cell_id)
                 argv = (self.grid.commands["train"] + self.model_flags(model) +
-                        ["--from_pretrained", model.pretrained,
+                        ["--from_pretrained", pretrained,
                          "--tasks_config_file", self.grid.task_configs_file("trainval", model),
                          "--task", spec.task_id, "--gradient_accumulation_steps", "4", "--seed", str(seed),
                          "--train_annotations_jsonpath", self.data(spec.translate_train_file, lang=lang)]
@@ -272,7 +304,8 @@ class Planner:
                 log = str(d / "train.log")
                 train = self.add(Cell(id=cell_id, stage="translate_train", protocol="translate_train_train",
                                       model=model.name, task=task, lang=lang, seed=seed, scorer="train",
-                                      commands=[Command(argv, log, log), self.record(d)], logs=[log]))
+                                      commands=[Command(argv, log, log), self.record(d)], logs=[log],
+                                      depends_on=list(deps)))
                 self.eval_cell("translate_train_test", model, task, lang, str(d / "pytorch_model_best.bin"),
                                [train.id], f"translate_train_test/{model.name}/{task}/{lang}/seed{seed}",
                                mt=False, protocol="translate_train", seed=seed)
@@ -280,6 +313,8 @@ class Planner:
     # --- all -----------------------------------------------------------------------------
     def plan(self) -> list[Cell]:
         for model in self.grid.models.values():
+            if model.pretrain:
+                self.pretrain_cell(model)
             for task in hf_tasks(model, self.grid) if model.hf else self.grid.tasks:
                 if "zero_shot" in self.grid.protocols:
                     self.transfer_cells(model, task, mt=False)

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from .cell import RESULT_FILE, is_done, load_cell, read_result, write_json_atomic
-from .results import LogError, best_validation, iglue_hf_results, scorer_metrics
+from .cell import PRETRAINED, RESULT_FILE, is_done, load_cell, read_result, write_json_atomic
+from .results import LogError, best_validation, iglue_hf_results, pretrain_validation, scorer_metrics
 
 
 BEST = "pytorch_model_best.bin"   # a training run's best model; an HF model's cells name theirs (`best`: hf_best)
@@ -56,7 +56,12 @@ def record(cell_dir: Path) -> int:
     cell = load_cell(cell_dir)
     base = {k: getattr(cell, k) for k in ("id", "stage", "protocol", "model", "task", "lang", "shot", "lr", "seed")}
     try:
-        if cell.scorer == "train":
+        if cell.scorer == "pretrain":      # the last epoch's weights are what fine-tuning starts from
+            metrics = pretrain_validation(cell_dir / "train.log")
+            last = find_best_checkpoint(cell_dir / "ckpt", cell.extra["best"])
+            link(last, cell_dir / PRETRAINED)
+            extra = {"metrics": metrics, "checkpoint": str(last)}
+        elif cell.scorer == "train":
             score = best_validation(cell_dir / "train.log")
             name = cell.extra.get("best", BEST)
             best = find_best_checkpoint(cell_dir / "ckpt", name)
