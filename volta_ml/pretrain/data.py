@@ -84,6 +84,7 @@ from volta_ml.features import FeatureStoreError, MissingImageError, open_store
 from volta_ml.features.td_lmdb import TdLmdbStore, split_images, unpack_value
 from volta_ml.features.volta_lmdb import record_from_volta_dict
 
+from .losses import VISUAL_CRITERIA
 from .masking import (CONCAP_STREAM, NEGATIVE_PROB, OBJECTIVES, mask_region_batch, mask_token_batch, pick_below,
                       sample_uniforms)
 from .text import CaptionTokens, PretrainDataError, TextEncoder
@@ -95,15 +96,10 @@ VOLTA_FILES = {"train": "training_feat_all.lmdb", "val": "validation_feat_all.lm
 GLOBAL_MODES = (None, "first", "last")
 
 # visual target (VOLTA's `pre_vis_criterions` key) -> (its name, the record fields its loss reads)
-VISUAL_TARGETS = {
-    "0": ("KL-1601 on cls_prob", ("cls_prob",)),
-    "1": ("MSE-2048 feature regression", ()),
-    "2": ("NCE-2048 feature contrast", ()),
-    "3": ("LXMERT object labels (xent-1600)", ("obj_labels", "obj_confs")),
-    "4": ("LXMERT attribute labels (xent-400)", ("attr_labels", "attr_confs")),
-    "5": ("LXMERT feature regression (Huber-2048)", ()),
-    "6": ("object labels (xent-1601)", ("obj_labels",)),
-}
+# the record field each visual criterion's batch field comes from (the criteria, with what they read, are the one
+# table `losses.VISUAL_CRITERIA`; `image_feat` is the region features, in every record)
+CRITERION_RECORD_FIELDS = {"image_cls": "cls_prob", "obj_labels": "obj_labels", "obj_confs": "obj_confs",
+                           "attr_labels": "attr_labels", "attr_confs": "attr_confs"}
 # batch field -> the names a record may hold it under (CC td-LMDB / TSV, H5, npy)
 FIELD_NAMES = {
     "cls_prob": ("cls_prob",),
@@ -294,12 +290,14 @@ def required_fields(visual_target_weights) -> dict[str, str]:
     needed = {}
     for target, weight in weights.items():
         target = str(target)
-        if target not in VISUAL_TARGETS:
+        criterion = VISUAL_CRITERIA.get(int(target)) if target.isdigit() else None
+        if criterion is None:
             raise PretrainDataError(f"visual_target_weights: unknown visual target {target!r}; VOLTA's are "
-                                    + ", ".join(f"{k} ({v[0]})" for k, v in VISUAL_TARGETS.items()))
+                                    + ", ".join(f"{k} ({c.name})" for k, c in VISUAL_CRITERIA.items()))
         if float(weight) > 0:
-            for field in VISUAL_TARGETS[target][1]:
-                needed.setdefault(field, f"visual target {target} ({VISUAL_TARGETS[target][0]})")
+            for field in criterion.needs:
+                if field in CRITERION_RECORD_FIELDS:
+                    needed.setdefault(CRITERION_RECORD_FIELDS[field], f"visual target {target} ({criterion.name})")
     return needed
 
 
