@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO, shared_path
 from helpers_fake_backends import FailingAfter, FakeDual, FakeGenerative
 from helpers_iglue_hf import build_data_root, make_images
+from volta_ml.engine.failures import UsageError
 from volta_ml.iglue_hf.data import read_task
 from volta_ml.iglue_hf.images import DEFAULT_TEMPLATES, ImageSource, MissingImagesError, side_by_side
 from volta_ml.iglue_hf.prompts import OPTIONS, letter_choices, user_turn
@@ -111,7 +112,7 @@ def test_xgqa_scores_equal_direct_computation(world, tmp_path, capsys, rule):
 def test_xgqa_closed_names_both_vocabulary_files(world, tmp_path):
     """The closed rule reads VOLTA's GQA vocabulary: both trainval_ans2label and trainval_label2ans."""
     opts = options(world, "xgqa", "de", tmp_path, rule="closed", vocabulary=None, data_root=None)
-    with pytest.raises(KeyError) as err:
+    with pytest.raises(UsageError) as err:
         run_iglue_hf(opts, backend=FakeGenerative())
     assert "trainval_ans2label.json" in str(err.value) and "trainval_label2ans.json" in str(err.value)
     root = tmp_path / "root"
@@ -377,3 +378,24 @@ def test_text_base_flag_goes_into_the_backend_extra(world, tmp_path, monkeypatch
               "--data_root", str(world["root"]), "--images", str(world["images"] / "xflickrco"),
               "--output_dir", str(tmp_path), "--extra", '{"image_model": "/clip"}', "--text_base", "/xlmr-large"])
     assert loaded.value.args[0] == {"image_model": "/clip", "text_base": "/xlmr-large"}
+
+
+def test_cli_one_line_for_user_errors_only(monkeypatch, capsys):
+    """`volta-ml iglue-hf` turns what a user's flags, files or model cause into one line (exit 2); any other
+    exception is a bug and keeps its traceback (it used to be any KeyError / ValueError)."""
+    import argparse
+
+    from volta_ml.hf import ModelLoadError
+    from volta_ml.iglue_hf import cli, run
+
+    for error, code in ((UsageError("--rule x does not apply to xvnli"), 2), (ModelLoadError("m: no config.json"), 2),
+                        (ValueError("3 image lists for 2 prompts"), None), (KeyError("input_ids"), None)):
+        def fail(options, error=error):
+            raise error
+        monkeypatch.setattr(run, "run_iglue_hf", fail)
+        if code is None:
+            with pytest.raises(type(error)):
+                cli.run_command(argparse.Namespace(task="xvnli"))
+        else:
+            assert cli.run_command(argparse.Namespace(task="xvnli")) == code
+            assert capsys.readouterr().err.strip() == f"volta-ml iglue-hf: error: {error}"

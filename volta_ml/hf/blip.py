@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from .base import BackendInputError
 from .loading import ModelLoadError
 from .mllm import GenerativeBackend, _pad
 
@@ -128,7 +129,7 @@ class BlipSeq2SeqBackend(BlipBackend):
         """The continuation tokenised alone (the decoder starts from its start token)."""
         ids = self.tokenizer(continuation, add_special_tokens=False)["input_ids"]
         if not ids:
-            raise ValueError(f"{self.spec.model}: continuation {continuation!r} has no tokens")
+            raise BackendInputError(f"{self.spec.model}: continuation {continuation!r} has no tokens")
         return ids
 
     def _reused(self, batch: dict, flat: list[torch.Tensor], k: int) -> torch.Tensor:

@@ -164,7 +164,7 @@ class GenerativeBackend:
         self.keep_last = {"logits_to_keep": 1} if "logits_to_keep" in _params(self.lm.forward) else {}
         self.letter_spellings = spec.extra.get("letter_spellings", "natural")
         if self.letter_spellings not in LETTER_SPELLINGS:
-            raise ValueError(f"letter_spellings {self.letter_spellings!r}: use one of {', '.join(LETTER_SPELLINGS)}")
+            raise BackendInputError(f"letter_spellings {self.letter_spellings!r}: use one of {', '.join(LETTER_SPELLINGS)}")
         use_template = spec.extra.get("chat_template", True) and getattr(self.processor, "chat_template", None)
         self.enable_thinking = spec.extra.get("enable_thinking")
         self.template_options = self._template_options(use_template)
@@ -246,11 +246,11 @@ class GenerativeBackend:
                 continuation = continuation.lstrip()
         head, full = self._text_ids(text), self._text_ids(text + continuation)
         if full[:len(head)] != head:
-            raise ValueError(f"{self.spec.model}: the prompt's tokens change when {continuation!r} follows it "
+            raise BackendInputError(f"{self.spec.model}: the prompt's tokens change when {continuation!r} follows it "
                              "(the continuation merges with the prompt's last token)")
         ids = full[len(head):]
         if not ids:
-            raise ValueError(f"{self.spec.model}: continuation {continuation!r} has no tokens")
+            raise BackendInputError(f"{self.spec.model}: continuation {continuation!r} has no tokens")
         return ids
 
     def _reused(self, batch: dict, flat: list[torch.Tensor], k: int) -> torch.Tensor:
@@ -471,7 +471,7 @@ class GenerativeBackend:
             head = self.render(prompt, num_images)
             full = self._template(self._conversation(prompt, num_images, answer), False)
             if not full.startswith(head):
-                raise ValueError(f"{self.spec.model}: its chat template renders an answered conversation that does "
+                raise BackendInputError(f"{self.spec.model}: its chat template renders an answered conversation that does "
                                  "not start with the generation prompt; it cannot be trained on answers")
             reply = full[len(head):]
             if eos and eos in reply:

@@ -62,17 +62,21 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 def run_command(args) -> int:
     from volta_ml.data.annotations import AnnotationError
     from volta_ml.engine.distributed import finish_process
+    from volta_ml.engine.failures import UsageError
+    from volta_ml.hf import BackendInputError, ChoiceTokenError, ModelLoadError, UnknownBackendError
 
     from .images import MissingImagesError
     from .run import run_iglue_hf
     from .tasks import BackendTaskError
 
     options = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    # what a user's flags, files or model can cause: one line, exit 2; anything else is a bug (a traceback)
+    user_errors = (UsageError, FileNotFoundError, MissingImagesError, AnnotationError, BackendTaskError,
+                   BackendInputError, ChoiceTokenError, ModelLoadError, UnknownBackendError)
     try:
         run_iglue_hf(options)
-    except (KeyError, ValueError, FileNotFoundError, MissingImagesError, AnnotationError, BackendTaskError) as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"volta-ml iglue-hf: error: {message}", file=sys.stderr)
+    except user_errors as err:
+        print(f"volta-ml iglue-hf: error: {err}", file=sys.stderr)
         return finish_process(2)
     return finish_process(0)
 

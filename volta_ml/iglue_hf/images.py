@@ -13,6 +13,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from volta_ml.engine.failures import UsageError
+
 DEFAULT_TEMPLATES = {
     "xvnli": "{id}.jpg",                       # Flickr30k images (flickr30k-images/)
     "xflickrco": "{file}",                     # the xFlickr&CO test images (Flickr30k + COCO file names)
@@ -48,7 +50,7 @@ class ImageSource:
         try:
             template.format(**ImageRef("x").fields())
         except (KeyError, IndexError) as err:
-            raise ValueError(f"image template {template!r}: unknown field {err}; known: "
+            raise UsageError(f"image template {template!r}: unknown field {err}; known: "
                              f"{', '.join('{' + k + '}' for k in ImageRef('x').fields())}") from None
 
     def path(self, ref: ImageRef) -> Path:

@@ -20,6 +20,8 @@ Changing any text here changes results: bump PROMPTS_VERSION (v2: the BLIP-famil
 """
 from __future__ import annotations
 
+from volta_ml.engine.failures import UsageError
+
 from .data import Example
 
 PROMPTS_VERSION = "iglue-hf-prompts-v2"
@@ -67,7 +69,7 @@ def user_turn(task: str, rule: str, example: Example, layout: str | None = None,
         template = TEMPLATES[(task, rule)]
     except KeyError:
         known = sorted(r for t, r in TEMPLATES if t == task)
-        raise ValueError(f"no prompt for task {task!r} with rule {rule!r}; known rules: {', '.join(known)}") from None
+        raise UsageError(f"no prompt for task {task!r} with rule {rule!r}; known rules: {', '.join(known)}") from None
     return template.format(text=example.text, layout=MARVL_LAYOUTS.get(layout or "", ""))
 
 

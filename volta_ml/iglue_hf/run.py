@@ -23,6 +23,7 @@ from pathlib import Path
 from volta_ml.atomic import atomic_write_json
 from volta_ml.digest import content_fingerprint, file_digest, stat_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
+from volta_ml.engine.failures import UsageError
 from volta_ml.hf.loading import loading_report
 from volta_ml.options import complete_options
 from volta_ml.protocols.iglue import TASKS
@@ -47,11 +48,11 @@ def annotation_path(task: str, lang: str, protocol: str, data_root: str | None, 
     if explicit:
         return explicit
     if not data_root:
-        raise KeyError("give --annotations or --data_root (IGLUE's datasets/ folder)")
+        raise UsageError("give --annotations or --data_root (IGLUE's datasets/ folder)")
     spec = TASKS[task]
     template = spec.mt_file if protocol == "translate-test" else spec.test_file
     if lang == "en" and spec.english_test is not None and protocol == "zero-shot":
-        raise KeyError(f"{task}: IGLUE's English test is not in datasets/ (the zoo uses NLVR2's); give --annotations")
+        raise UsageError(f"{task}: IGLUE's English test is not in datasets/ (the zoo uses NLVR2's); give --annotations")
     return str(Path(data_root) / template.format(lang=lang))
 
 
@@ -74,12 +75,12 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         opts["extra"] = {**(opts["extra"] or {}), "text_base": opts["text_base"]}
     task, lang, protocol = opts["task"], opts["lang"], opts["protocol"]
     if task not in TASKS:
-        raise KeyError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+        raise UsageError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
     if protocol not in PROTOCOLS:
-        raise KeyError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
+        raise UsageError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
     rule = opts["rule"] or DEFAULT_RULES[task]
     if opts["adapter"] and opts["backend"] != "mllm":
-        raise KeyError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {opts['backend']})")
+        raise UsageError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {opts['backend']})")
     annotation = annotation_path(task, lang, protocol, opts["data_root"], opts["annotations"])
     data = read_task(task, annotation, lang)
     source = ImageSource(opts["images"], opts["image_template"] or DEFAULT_TEMPLATES[task])
@@ -169,7 +170,7 @@ def _model_name(model: str, adapter: str | None = None) -> str:
 
 def _gqa_vocabulary(data_root: str | None) -> list[str]:
     if not data_root:
-        raise KeyError("--rule closed needs the GQA answer vocabulary: give --data_root holding "
+        raise UsageError("--rule closed needs the GQA answer vocabulary: give --data_root holding "
                        "gqa/annotations/trainval_ans2label.json and trainval_label2ans.json (or the .pkl twins)")
     from volta_ml.tasks.gqa import load_vocabulary
 

@@ -12,6 +12,8 @@ from typing import Callable
 
 import numpy as np
 
+from volta_ml.engine.failures import UsageError
+
 from .prompts import OPTIONS, letter_choices
 
 ARTICLES = re.compile(r"^(a|an|the)\s+")
@@ -123,9 +125,9 @@ DEFAULT_RULES = {"xvnli": "letter", "marvl": "letter", "xgqa": "generate", "xfli
 
 def get_rule(task: str, rule: str) -> Rule:
     if task not in RULES:
-        raise ValueError(f"task {task!r} is not scored by a generative rule")
+        raise UsageError(f"task {task!r} is not scored by a generative rule")
     if rule not in RULES[task]:
-        raise ValueError(f"--rule {rule!r} does not apply to {task}; known: {', '.join(RULES[task])}")
+        raise UsageError(f"--rule {rule!r} does not apply to {task}; known: {', '.join(RULES[task])}")
     return RULES[task][rule]
 
 

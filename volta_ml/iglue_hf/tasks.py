@@ -14,6 +14,7 @@ import torch
 
 from volta_ml.atomic import atomic_open, atomic_write_json
 from volta_ml.engine.chunks import map_chunks
+from volta_ml.engine.failures import UsageError
 from volta_ml.engine.retrieval import save_array
 from volta_ml.hf.base import DualEncoder, Generative
 from volta_ml.protocols.hf_kinds import NEEDS
@@ -51,7 +52,7 @@ def marvl_layout(backend, requested: str) -> str:
     if requested == "auto":
         return "multi" if takes_two else "canvas"
     if requested == "multi" and not takes_two:
-        raise ValueError(f"--marvl_layout multi: this model takes at most {backend.max_images} image per prompt")
+        raise UsageError(f"--marvl_layout multi: this model takes at most {backend.max_images} image per prompt")
     return requested
 
 
