@@ -365,6 +365,24 @@ def test_a_model_type_whose_own_forward_fails_is_one_line(family_root, release, 
     assert "Traceback" not in "\n".join(err) and "model type 'llama4' fails in the forward" in err[-1]
 
 
+def test_a_load_time_probe_that_fails_in_the_models_own_code_is_one_line(family_root, monkeypatch):
+    """A processor that fails on the blank image of the load-time probe (an Aria checkpoint whose processor ignores its
+    saved image size raised a raw KeyError): one `ModelLoadError` line naming the model type, whichever probe."""
+    import transformers
+
+    from volta_ml.hf import ModelLoadError
+    b = backend("qwen2-vl", family_root)
+
+    def broken(*args, **kwargs):
+        raise KeyError("height")
+    monkeypatch.setattr(type(b.processor.image_processor), "__call__", broken)
+    with pytest.raises(ModelLoadError) as e:
+        GenerativeBackend(b.spec, b.model, b.processor)
+    assert str(e.value) == (f"{b.spec.model}: model type 'qwen2_vl' fails in its processor (a prompt with one blank "
+                            f"image) of the installed transformers {transformers.__version__} (KeyError: 'height'); "
+                            "run it with a transformers version that supports it")
+
+
 def test_a_template_switch_is_refused_where_the_template_has_none(family_root):
     b = backend("gemma3", family_root)
     with pytest.raises(BackendInputError, match="gemma3's chat template has no such switch"):

@@ -152,7 +152,7 @@ class GenerativeBackend:
             load_model(AutoModelForImageTextToText, spec, "a generative image-text model")
         self.processor = processor if processor is not None else load_processor(AutoProcessor, spec)
         if spec.adapter:   # a LoRA adapter (volta-ml train --hf_backend mllm): injected into self.model in place
-            attach_adapter(self.model, spec.adapter).eval()
+            attach_adapter(self.model, spec).eval()
         self.tokenizer = self.processor.tokenizer
         cfg = self.model.config
         self.family = family(cfg.model_type)
