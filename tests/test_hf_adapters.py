@@ -21,7 +21,7 @@ from helpers_hf_train import make_xvnli_root
 from helpers_vlm_families import build_family, shared_root
 from volta_ml.cli import main
 from volta_ml.hf import ModelLoadError, ModelSpec, load_backend
-from volta_ml.hf.loading import adapter_base_mismatch, loading_report, model_identity, same_model
+from volta_ml.hf.loading import loading_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WEIGHTS = "adapter_model.safetensors"
@@ -155,6 +155,7 @@ def test_an_adapter_of_another_base_model_is_refused_unless_allowed_then_recorde
 def test_the_rule_for_the_same_base_model(models, adapter, tmp_path):
     """A local folder, a hub id and a folder of the Hugging Face cache name the same model when the rule says so
     (docs/hf_models.md); commits are compared where both are known; the recorded class is compared always."""
+    from volta_ml.hf.loading import adapter_base_mismatch, model_identity, same_model
     sha, other = "a" * 40, "b" * 40
 
     def same(recorded, loaded, revision=None, recorded_revision=None):
