@@ -150,6 +150,24 @@ def test_an_adapter_of_another_base_model_is_refused_unless_allowed_then_recorde
     assert results["allow_adapter_base_mismatch"] is True
     line = refused(train(base, data, tmp_path / "train", "--hf_adapter", str(adapter)), capsys)
     assert line.startswith(f"volta-ml train: error: --hf_adapter: adapter {adapter} was trained on another model")
+    # what training on it records: the base it is trained on from now on (model, class, revision)
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForImageTextToText
+
+    from volta_ml.hf.families import FAMILIES
+    from volta_ml.hf.loading import load_model
+    from volta_ml.iglue_hf.lora import add_lora
+    sha = "c" * 40
+    for start in (str(adapter), ""):
+        model = load_model(AutoModelForImageTextToText, ModelSpec(str(base)), "a generative model")
+        args = SimpleNamespace(hf_adapter=start, allow_adapter_base_mismatch=bool(start), lora_target=None, lora_r=2,
+                               lora_alpha=4, lora_dropout=0.0, train_projector=False)
+        add_lora(model, FAMILIES["qwen2_5_vl"], args, ModelSpec(str(base), revision=sha)).save_pretrained(
+            tmp_path / "again")
+        config = json.loads((tmp_path / "again" / "adapter_config.json").read_text())
+        assert (config["base_model_name_or_path"], config["revision"], config["auto_mapping"]["base_model_class"]) \
+            == (str(base), sha, "Qwen2_5_VLForConditionalGeneration")
 
 
 def test_the_rule_for_the_same_base_model(models, adapter, tmp_path):
