@@ -121,7 +121,14 @@ def test_an_adapter_whose_tensors_do_not_all_load_is_refused_by_each_command(mod
     assert line.startswith(f"volta-ml train: error: --hf_adapter: adapter {targets}: 8 of its 8 tensors match no "
                            "adapter module") and "4 of the 4 adapter tensors" in line and "k_proj.lora_A" in line
     assert not list((tmp_path / "train").rglob("out.txt")), "training must not start"
-    # the adapter itself loads, and changes the scores
+    # a refused adapter leaves no LoRA layer in the model; the adapter itself loads, and changes the scores
+    from transformers import AutoModelForImageTextToText
+
+    from volta_ml.hf.loading import attach_adapter, load_model
+    model = load_model(AutoModelForImageTextToText, ModelSpec(str(models["qwen2-vl"])), "a generative model")
+    with pytest.raises(ModelLoadError, match="are not in adapter_model.safetensors"):
+        attach_adapter(model, ModelSpec(str(models["qwen2-vl"]), adapter=str(empty)))
+    assert not any("lora" in name for name, _ in model.named_modules())
     photo = [[Image.new("RGB", (40, 30), (200, 30, 30))]]
     scores = [load_backend("mllm", ModelSpec(str(models["qwen2-vl"]), adapter=a)).choice_logits(photo, ["Is it?"],
                                                                                                ["A", "B"])

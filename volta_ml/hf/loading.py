@@ -393,9 +393,14 @@ def attach_adapter(model: torch.nn.Module, spec: ModelSpec, trainable: bool = Fa
             peft_model = PeftModel.from_pretrained(model, str(folder), is_trainable=trainable)
     except ModelLoadError:
         raise
-    except (ValueError, KeyError, RuntimeError, OSError, SafetensorError) as e:
+    except (ValueError, KeyError, TypeError, RuntimeError, OSError, SafetensorError) as e:   # TypeError: a config
+        # field of the wrong type
         raise ModelLoadError(f"adapter {path}: cannot apply it to this model ({one_line(e)})") from None
-    _check_loaded(peft_model, folder, weights, path, key_mapping)
+    try:
+        _check_loaded(peft_model, folder, weights, path, key_mapping)
+    except ModelLoadError:
+        peft_model.unload()          # the model as it was loaded: no LoRA layers left in it
+        raise
     if mismatch:
         model.volta_loading_report = {**(getattr(model, "volta_loading_report", None) or {}),
                                       "adapter_base_mismatch": f"{path}: {mismatch}"}

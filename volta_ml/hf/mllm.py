@@ -18,7 +18,10 @@ absent: the template's own default, e.g. Qwen3.5 and GLM-4.6V think, Gemma 4 doe
 rendering, refused where the template has no such switch, and recorded (`template_options`). Without a chat
 template (or `spec.extra["chat_template"] = False`) the frame is the family's (`Family.fallback`): LLaVA-like
 `<image>\\n` per image then the prompt; PaliGemma `<image>` per image then the prompt (its processor adds BOS and
-the closing newline); BLIP family the prompt as is. `self.prompt_format` says which was used.
+the closing newline); BLIP family the prompt as is. A processor that places the image tokens itself (Fuyu's: the
+patch rows, BOS, the prompt, `<0x04>`) is detected at load (`_own_placement`) and framed as the BLIP family: the
+prompt as is, a blank image for the blind control, and what it writes after the prompt as the frame's end.
+`self.prompt_format` says which was used.
 
 Positions come from each batch's own inputs, never from state the model keeps between calls (Qwen-VL's and GLM's
 `rope_deltas` of the previous batch): `prompt_positions(batch)` is the model's `get_rope_index` on this batch for
@@ -31,8 +34,9 @@ repeated), `token_type_ids` / `mm_token_type_ids` over the continuation (0 = tex
 Blind control (`None` images): families whose processor runs without an image get none (a text-only prompt);
 those whose processor requires an image (`Family.needs_image`: PaliGemma, BLIP family) get `blank_image()`.
 
-At load, one forward of a one-word blind prompt: a model type whose own forward fails in the installed
-transformers (Llama 4 in 5.24) is one `ModelLoadError` line naming it and the version.
+At load, probes run the model's own code (one forward of a one-word blind prompt; the processor on blank images):
+a model type whose code fails there in the installed transformers (Llama 4's forward in 5.24, an Aria processor's
+KeyError) is one `ModelLoadError` line naming it, the probe and the version (`_load_probe`).
 
 Scoring.
 - `choice_logits` (the CVQA paper's MMLU-style letter rule): a choice's score is the next-token logit of the letter
