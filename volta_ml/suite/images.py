@@ -25,9 +25,9 @@ def _rgb(data: bytes, where: str) -> Image.Image:
         raise MissingImagesError(f"{where}: not a readable image ({err})") from None
 
 
-def _missing(missing: list[str], total: int, what: str) -> None:
+def _missing(missing: list[str], total: int, what: str, where: str) -> None:
     if missing:
-        raise MissingImagesError(f"{len(missing)} of the {total} images {what} are missing; first missing: "
+        raise MissingImagesError(f"{len(missing)} of the {total} images {what} show are not {where}; first missing: "
                                  f"{', '.join(missing[:SHOWN_MISSING])}")
 
 
@@ -48,8 +48,8 @@ class FileImages:
 
     def check(self, keys, what: str) -> None:
         keys = list(dict.fromkeys(keys))
-        _missing([str(self.path(k)) for k in keys if not self.path(k).is_file()], len(keys),
-                 f"{what} names (under {self.root}, template {self.source.template!r})")
+        _missing([str(self.path(k)) for k in keys if not self.path(k).is_file()], len(keys), what,
+                 f"under {self.root} (template {self.source.template!r})")
 
     def load(self, key: str) -> Image.Image:
         return self.source.load(self.ref(key))
@@ -120,8 +120,8 @@ class ZipImages:
     def check(self, keys, what: str) -> None:
         names = set(self._open().namelist())
         keys = list(dict.fromkeys(keys))
-        _missing([f"{self.archive}:{self.prefix}{k}" for k in keys if self.prefix + k not in names], len(keys),
-                 f"{what} names")
+        _missing([f"{self.archive}:{self.prefix}{k}" for k in keys if self.prefix + k not in names], len(keys), what,
+                 f"in {self.archive}")
 
     def load(self, key: str) -> Image.Image:
         return _rgb(self._open().read(self.prefix + key), f"{self.archive}:{self.prefix}{key}")
