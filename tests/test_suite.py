@@ -21,7 +21,10 @@ from volta_ml.suite.data import resolve
 from volta_ml.suite.run import run_suite
 from volta_ml.suite.table import TASKS
 
-CAPTIONS = ("A red car in front of a house.", "红色的汽车", "รถยนต์สีแดง", "two dogs playing on the grass")
+MAXM_ANSWERS = ("Red.", "Two", "The dogs", "红色", "米饭")
+MTVQA_ANSWERS = ("株式会社ABCです", "さくら")
+M3EXAM_ANSWERS = ("B", "(C) สาม", "A. หนึ่ง", "I do not know", "E")
+CAPTIONS = ("A red car in front of a house.", "红色的汽车", "รถยนต์สีแดง", "two dogs playing on the grass", "两只狗在玩")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,9 @@ def options(suite, task, lang, out, **extra):
 def backend_for(task):
     if task == "xm3600_retrieval":
         return FakeDual()
-    return FakeExamGenerative(answers=CAPTIONS if task in ("xm3600", "xm100") else EXAM_ANSWERS)
+    answers = {"xm3600": CAPTIONS, "xm100": CAPTIONS, "maxm": MAXM_ANSWERS, "mtvqa": MTVQA_ANSWERS,
+               "m3exam": M3EXAM_ANSWERS}
+    return FakeExamGenerative(answers=answers.get(task, EXAM_ANSWERS))
 
 
 def reference(task, lang, rule_name, opts, backend=None):
@@ -173,6 +178,32 @@ def test_resume_equals_uninterrupted(suite, tmp_path):
     resumed = run_suite(options(suite, task, lang, tmp_path / "cut", batch_size=1, chunk_size=1), backend=again)
     assert resumed["metrics"] == whole["metrics"] and again.calls == 1
     assert (tmp_path / "whole/predictions.jsonl").read_text() == (tmp_path / "cut/predictions.jsonl").read_text()
+
+
+def test_imported_answers_are_rescored_by_the_rule(suite, tmp_path, capsys):
+    """`--backend import`: another run's generated answers, scored by the task's rules (here: every MaXM rule
+    on the answers of one generation), equal to scoring them at generation time; an empty one is refused."""
+    generated = run_suite(options(suite, "maxm", "en", tmp_path / "gen"), backend=backend_for("maxm"))
+    rows = [json.loads(l) for l in (tmp_path / "gen/predictions.jsonl").read_text().splitlines()]
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(json.dumps({"id": r["id"], "prediction": r["generated"]}) + "\n" for r in rows))
+    for rule in ("exact", "relaxed", "pangea-relaxed"):
+        again = run_suite(options(suite, "maxm", "en", tmp_path / rule, rule=rule, backend="import",
+                                  predictions=str(answers)))
+        direct = run_suite(options(suite, "maxm", "en", tmp_path / f"{rule}-direct", rule=rule),
+                           backend=backend_for("maxm"))
+        assert again["metrics"] == direct["metrics"], rule
+    assert generated["metrics"] == run_suite(options(suite, "maxm", "en", tmp_path / "exact2", backend="import",
+                                                     predictions=str(answers)))["metrics"]
+    assert 0 < generated["metrics"]["score"] < 100
+    answers.write_text(answers.read_text().replace(json.dumps(rows[1]["generated"]), '""', 1))
+    capsys.readouterr()
+    data, more = data_of(suite, "maxm")
+    code, err = _cli(["--task", "maxm", "--lang", "en", "--data", data, "--images", more["images"], "--backend",
+                      "import", "--predictions", str(answers), "--model", "other-harness", "--output_dir",
+                      str(tmp_path / "bad")], capsys)
+    assert code == 2 and err == (f"volta-ml suite: error: {answers}:2: item {rows[1]['id']!r} has an empty "
+                                 "prediction ('')")
 
 
 def _free_port() -> int:

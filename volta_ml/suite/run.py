@@ -40,7 +40,7 @@ DEFAULTS = {"rule": None, "images": None, "split": None, "subset": None, "data_r
             "dtype": "fp32", "device": "cpu", "device_map": None, "batch_size": 8, "chunk_size": 64,
             "max_new_tokens": None, "name": None, "work_dir": None, "no_resume": False, "keep_chunks": False,
             "record": True, "progress": True, "local_rank": -1, "extra": None, "allow_missing_keys": False,
-            "text_base": None, "adapter": None, "enable_thinking": None}
+            "text_base": None, "adapter": None, "enable_thinking": None, "predictions": None}
 REQUIRED = ("task", "backend", "model", "lang", "data", "output_dir")
 
 
@@ -78,9 +78,13 @@ def run_suite(options: dict, backend=None) -> dict | None:
             raise UsageError(f"--{key} must be at least 1, got {opts[key]}")
     if opts["adapter"] and opts["backend"] != "mllm":
         raise UsageError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {opts['backend']})")
+    importing = opts["backend"] == IMPORT
+    if importing and (not opts["predictions"] or row.rules[rule_name].kind != "generate"):
+        raise UsageError(f"--backend {IMPORT} scores the answers of --predictions FILE with a generation rule of "
+                         f"{task} ({', '.join(n for n, r in row.rules.items() if r.kind == 'generate')})")
     root = resolve(opts["data"], opts["data_revision"])
     data = row.reader(root, lang, opts)
-    if data.store is not None:
+    if data.store is not None and not importing:
         data.store.check([k for item in data.items for k in item.images], f"the {task} {lang} questions")
     max_new_tokens = int(opts["max_new_tokens"] or row.max_new_tokens)
     out_dir = Path(opts["output_dir"])
@@ -91,7 +95,11 @@ def run_suite(options: dict, backend=None) -> dict | None:
                    **(data.store.digest(image_keys) if data.store is not None else {}),
                    "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
                    "backend": opts["backend"], "extra": opts["extra"] or {}, "adapter": opts["adapter"],
-                   "batch_size": opts["batch_size"], "max_new_tokens": max_new_tokens, **model_contents(opts)}
+                   "batch_size": opts["batch_size"], "max_new_tokens": max_new_tokens}
+    if importing:
+        backend = ImportedAnswers(opts["predictions"], data.items)
+    else:
+        fingerprint.update(model_contents(opts))
     info = init_distributed(opts["local_rank"], None if opts["device_map"] else opts["device"])
     try:
         if opts["device_map"] and info.world_size > 1:
@@ -99,7 +107,7 @@ def run_suite(options: dict, backend=None) -> dict | None:
                              f"process, not {info.world_size}")
         if backend is None:
             backend = load_backend(opts["backend"], opts["model"], dict(opts, device=str(info.device)))
-        has = backend_kind(backend)
+        has = "generative" if isinstance(backend, ImportedAnswers) else backend_kind(backend)
         if has != row.kind:
             raise BackendTaskError(f"backend {opts['backend']!r} ({type(backend).__name__}) is a {has or 'unknown kind of'}"
                                    f" model and cannot do {task}, which needs a {row.kind} backend")
@@ -167,9 +175,12 @@ def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, info,
         return rule.score(backend, images, prompts[rows.start:rows.stop],
                           dict(context, batch_items=[items[i] for i in rows]))
 
-    arrays = score_items(len(items), score_batch, batch_size=opts["batch_size"], chunk_size=opts["chunk_size"],
-                         work_dir=work_dir, fingerprint=fingerprint, info=info, desc=f"{row.name} {rule_name}",
-                         progress=opts["progress"])
+    if isinstance(backend, ImportedAnswers):
+        arrays = {"answers": np.array(backend.answers, dtype=str)}
+    else:
+        arrays = score_items(len(items), score_batch, batch_size=opts["batch_size"], chunk_size=opts["chunk_size"],
+                             work_dir=work_dir, fingerprint=fingerprint, info=info, desc=f"{row.name} {rule_name}",
+                             progress=opts["progress"])
     if not info.is_main:
         return None
     judged = rule.judge(arrays, items, context)
@@ -189,6 +200,43 @@ def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, info,
             "first_prompt_rendered": backend.render(prompts[0], n_images),
             "prompt_format": getattr(backend, "prompt_format", None), "stacked_images": stacked,
             "qformer_truncated": getattr(backend, "qformer_truncated", None)}
+
+
+IMPORT = "import"
+
+
+class ImportedAnswers:
+    """`--backend import`: the answers another run (another harness) generated, read from `--predictions`, a JSON
+    lines file with one `{"id": <item id>, "prediction": <the generated text>}` per item of the task and language,
+    scored by the task's generation rule. A missing, repeated, unknown or empty prediction is one line naming the
+    file, line and item."""
+
+    def __init__(self, path: str, items):
+        from volta_ml.data.annotations import read_jsonl
+
+        from .data import SuiteDataError
+
+        wanted = {item.id for item in items}
+        found: dict[str, str] = {}
+        for line, row in read_jsonl(path, "predictions file"):
+            where = f"{path}:{line}"
+            if "id" not in row or str(row["id"]) not in wanted:
+                raise SuiteDataError(f"{where}: id {row.get('id')!r} is not an item of this task and language")
+            item = str(row["id"])
+            if item in found:
+                raise SuiteDataError(f"{where}: a second prediction for item {item!r}")
+            prediction = row.get("prediction")
+            if not isinstance(prediction, str) or not prediction.strip():
+                raise SuiteDataError(f"{where}: item {item!r} has an empty prediction ({prediction!r})")
+            found[item] = prediction
+        missing = [item.id for item in items if item.id not in found]
+        if missing:
+            raise SuiteDataError(f"{path}: no prediction for {len(missing)} item(s), e.g. {missing[0]!r}")
+        self.answers = [found[item.id] for item in items]
+        self.spec, self.max_images, self.prompt_format = None, None, "imported answers"
+
+    def render(self, prompt: str, num_images: int) -> str:
+        return prompt
 
 
 def summarise(judged) -> dict:
