@@ -3,9 +3,9 @@ xMMMU, M3Exam, Kaleidoscope), one language, one Hugging Face backend (docs/suite
 from __future__ import annotations
 
 import argparse
-import sys
 
 from volta_ml.cli.flags import json_object
+from volta_ml.iglue_hf.cli import add_run_flags, run_one_line
 
 
 def _bool(text: str) -> bool:
@@ -46,44 +46,15 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable_thinking", type=_bool, default=None, metavar="true|false",
                         help="the chat template's thinking switch (= extra enable_thinking)")
     parser.add_argument("--text_base", default=None, help="mclip: the XLM-R config of its text tower")
-    parser.add_argument("--allow_missing_keys", action="store_true",
-                        help="score weights that miss (or add) tensors of the architecture (recorded)")
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--chunk_size", type=int, default=64, help="items per saved chunk (unit of resume/shard)")
     parser.add_argument("--max_new_tokens", type=int, default=None, help="generation rules: the answer length limit "
                                                                          "(default per task)")
-    parser.add_argument("--name", default=None, help="row name in the tables (default: the model folder name)")
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--work_dir", default=None)
-    parser.add_argument("--no_resume", action="store_true")
-    parser.add_argument("--keep_chunks", action="store_true")
-    parser.add_argument("--no_result_json", dest="record", action="store_false",
-                        help="do not write result.json (a sweep cell's record step writes it)")
-    parser.add_argument("--no_progress", dest="progress", action="store_false")
-    parser.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=-1,
-                        help=argparse.SUPPRESS)
+    add_run_flags(parser, "suite_results.json")
 
 
 def run_command(args) -> int:
-    from volta_ml.data.annotations import AnnotationError
-    from volta_ml.engine.distributed import finish_process
-    from volta_ml.engine.failures import UsageError
-    from volta_ml.hf import BackendInputError, ChoiceTokenError, ModelLoadError, UnknownBackendError
-    from volta_ml.iglue_hf.images import MissingImagesError
-    from volta_ml.iglue_hf.tasks import BackendTaskError
+    from . import run
 
-    from .run import run_suite
-
-    options = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
-    # what a user's flags, files or model can cause: one line, exit 2; anything else is a bug (a traceback)
-    user_errors = (UsageError, FileNotFoundError, MissingImagesError, AnnotationError, BackendTaskError,
-                   BackendInputError, ChoiceTokenError, ModelLoadError, UnknownBackendError)
-    try:
-        run_suite(options)
-    except user_errors as err:
-        print(f"volta-ml suite: error: {' '.join(str(err).split())}", file=sys.stderr)
-        return finish_process(2)
-    return finish_process(0)
+    return run_one_line(lambda options: run.run_suite(options), args, "volta-ml suite")
 
 
 def register(subparsers) -> None:
