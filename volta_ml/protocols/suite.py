@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cell import Cell, Command
-from .hf_kinds import BACKEND_KINDS
+from .hf_kinds import tasks_for_backend
 
 XM3600_LANGUAGES = ("en", "ar", "bn", "cs", "da", "de", "el", "es", "fa", "fi", "fil", "fr", "he", "hi", "hr",
                     "hu", "id", "it", "ja", "ko", "mi", "nl", "no", "pl", "pt", "quz", "ro", "ru", "sv", "sw", "te",
@@ -189,18 +189,12 @@ def load_section(raw, base: Path, where: str, str_list, error) -> SuiteSection:
                         models=models, flags=str_list(raw.get("flags", []), f"{where}.flags"))
 
 
-def tasks_for_backend(backend: str, tasks: list[str]) -> list[str]:
-    """The suite tasks of `tasks` a backend of this name can do (all of them for an unknown name)."""
-    kind = BACKEND_KINDS.get(backend)
-    return [t for t in tasks if kind is None or SUITE[t].kind == kind]
-
-
 def suite_cells(planner) -> None:
     """Add the grid's suite cells to `planner` (a runners.Planner): per model, each task its backend kind can do,
     each rule asked for (or the default) and language."""
     grid, section = planner.grid, planner.grid.suite
     for spec in section.models.values():
-        for task in tasks_for_backend(spec.backend, section.tasks):
+        for task in tasks_for_backend(spec.backend, section.tasks, {t: s.kind for t, s in SUITE.items()}):
             for rule in spec.rules.get(task) or [None]:
                 for lang in section.languages.get(task) or SUITE[task].languages:
                     cell_id = "/".join(p for p in ("suite", spec.name, task, rule, lang) if p)

@@ -27,7 +27,7 @@ class TaskRow:
     command: str                  # the command line that runs it: "suite" | "iglue-hf"
     kind: str                     # the backend kind it needs: "generative" | "dual encoder"
     reader: Callable              # (data path, language, options) -> TaskData (IGLUE: (file, language))
-    prompt: Callable | None       # (item, rule kind, the backend's VQA frame) -> user turn
+    prompt: Callable | None       # (item, rule kind, the backend's VQA frame) -> user turn (IGLUE: prompts.user_turn)
     rules: dict                   # rule name -> Rule
     default_rule: str
     metric: str                   # what the score is
