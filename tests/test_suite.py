@@ -343,6 +343,16 @@ def test_sweep_over_the_suite_into_the_report(suite, tmp_path):
         "model,en,zh,mul", f"vlm,{mine['en']!r},{mine['zh']!r},{mine['zh']!r}"]
 
 
+def test_the_example_grid_plans_every_task():
+    from volta_ml.protocols.grid import load_grid
+    from volta_ml.protocols.runners import plan_cells
+
+    cells = plan_cells(load_grid(REPO / "examples" / "grids" / "suite.yml"))
+    assert {c.task for c in cells} == set(SUITE) and all(c.commands[0].argv[3] == "suite" for c in cells)
+    assert {c.task for c in cells if c.model == "mclip"} == {"xm3600_retrieval"}
+    assert sum(c.task == "xm3600" and c.model == "pangea-7b" for c in cells) == 36
+
+
 def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
     from volta_ml.protocols.results import collect
     from volta_ml.protocols.suite_report import write_suite_report

@@ -96,10 +96,13 @@ def run_suite(options: dict, backend=None) -> dict | None:
                    "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
                    "backend": opts["backend"], "extra": opts["extra"] or {}, "adapter": opts["adapter"],
                    "batch_size": opts["batch_size"], "max_new_tokens": max_new_tokens}
+    contents = {}
     if importing:
         backend = ImportedAnswers(opts["predictions"], data.items)
+        contents = {"predictions": str(opts["predictions"]), "predictions_content": file_digest(opts["predictions"])}
     else:
-        fingerprint.update(model_contents(opts))
+        contents = model_contents(opts)
+    fingerprint.update(contents)
     info = init_distributed(opts["local_rank"], None if opts["device_map"] else opts["device"])
     try:
         if opts["device_map"] and info.world_size > 1:
@@ -133,7 +136,7 @@ def run_suite(options: dict, backend=None) -> dict | None:
                    "rule": rule_name, "prompts_version": PROMPTS_VERSION, "data": str(root),
                    "data_files": [str(f) for f in data.files], "n_items": len(data.items), "skipped": data.skipped,
                    "world_size": info.world_size, "seconds": round(seconds, 3),
-                   "template_options": getattr(backend, "template_options", None), **result}
+                   "template_options": getattr(backend, "template_options", None), **contents, **result}
         accepted = loading_report(backend)
         if accepted:
             results["loading_report"] = accepted
