@@ -60,8 +60,9 @@ class SuiteTable:
         have, total = len(self.targets), len([l for l in self.spec.languages if l != "en"])
         part = "" if have == total else f" (partial: {have} of the benchmark's {total} non-English languages)"
         avg = "; avg: unweighted mean over all languages of the table" if "avg" in self.aggregates else ""
-        return (f"{self.spec.title}, {self.metric} ({self.spec.metric_name}); mul: unweighted mean over "
-                f"{have} non-English languages{part}{avg}")
+        what = {"score": self.spec.metric_name, "format_error_rate": "share of generated answers naming no option, %"}
+        return (f"{self.spec.title}, {self.metric} ({what.get(self.metric, self.spec.metric_name)}); mul: unweighted "
+                f"mean over {have} non-English language(s){part}{avg}")
 
 
 def suite_values(records: list[dict], metric_key: str) -> dict[str, dict[tuple, dict[str, float]]]:
