@@ -133,6 +133,13 @@ def test_kaleidoscope_extractions(response, n, default, reference):
     assert (None if got is None else "ABCD"[got]) == reference
 
 
+def test_kaleidoscope_reference_counts_any_of_a_to_d_as_an_answer():
+    item = Item(id="q", lang="uk", options=("x", "y"), answer=1)
+    assert rules.kaleidoscope_reference('{"choice": "D"}', item) == rules.Judged(0.0, True, "D", 0.0)
+    assert rules.kaleidoscope_generate('{"choice": "D"}', item) == rules.Judged(0.0, False, "", 0.5)
+    assert rules.kaleidoscope_reference("B", item) == rules.Judged(1.0, True, "B", 1.0)
+
+
 def test_letter_rule_reads_only_the_question_s_own_letters():
     items = [Item(id="a", lang="en", options=("x", "y"), answer=1), Item(id="b", lang="en", options=OPTIONS, answer=4)]
     scores = np.array([[0.1, 0.5, -np.inf, -np.inf, -np.inf], [0.0, 0.2, 0.1, 0.3, 0.9]], dtype=np.float32)

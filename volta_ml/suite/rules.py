@@ -392,9 +392,8 @@ def kaleidoscope_generate(answer: str, item) -> Judged:
 
 
 def kaleidoscope_reference(answer: str, item) -> Judged:
-    index = parse_kaleidoscope_reference(answer)
-    index = index if index is not None and index < len(item.options) else None
-    return _choice_judged(index, item, len(item.options))
+    """A letter A-D is a valid answer even beyond the question's options (the reference counts 0-3 as valid)."""
+    return _choice_judged(parse_kaleidoscope_reference(answer), item, len(item.options))
 
 
 # --- XM3600 captions --------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ Retrieval (xm3600_retrieval, dual encoders) writes IGLUE's retrieval files inste
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
