@@ -305,6 +305,28 @@ def test_bad_inputs_are_one_line_exit_2(suite, tmp_path, capsys):
         assert re.search(pattern, lines[0]), (pattern, lines[0])
 
 
+def test_published_rows_and_the_sources_own_aggregates():
+    """A source that prints only en and mul (Centurio's Table 5) shows its mul where the table has every language
+    of the benchmark, nothing where it does not; per-language rows reproduce the mean their source prints."""
+    from volta_ml.protocols.suite import PUBLISHED
+    from volta_ml.protocols.suite_report import SuiteTable
+
+    whole = SuiteTable("xm3600", "score", {"vlm": {l: 10.0 for l in SUITE["xm3600"].languages}}, PUBLISHED["xm3600"])
+    rows = {r[0]: r for r in whole.rows()}
+    assert rows["Centurio Qwen [Centurio] (published)"][1::len(rows["vlm"]) - 2] == [79.1, 34.4]
+    part = SuiteTable("xm3600", "score", {"vlm": {"en": 1.0, "de": 2.0}}, PUBLISHED["xm3600"])
+    assert [r[1:] for r in part.rows() if r[0].startswith("Centurio Qwen")] == [[79.1, None, None]]
+    checked = 0
+    for task, published in PUBLISHED.items():
+        for name, (source, scores, own) in published.items():
+            assert source and set(scores) <= set(SUITE[task].languages), (task, name)
+            if "mul" in own and len(scores) == len(SUITE[task].languages):
+                others = [v for lang, v in scores.items() if lang != "en"]
+                assert abs(np.mean(others) - own["mul"]) <= 0.1, (task, name)     # rounding only
+                checked += 1
+    assert checked == 11
+
+
 def test_iglue_tasks_are_rows_of_the_same_table():
     assert {"xvnli", "xgqa", "marvl", "xflickrco", "wit"} <= set(TASKS)
     assert all(TASKS[t].command == "iglue-hf" for t in ("xvnli", "xgqa", "marvl", "xflickrco", "wit"))
@@ -350,8 +372,8 @@ def test_sweep_over_the_suite_into_the_report(suite, tmp_path):
             ["metrics"]["score"] for lang in ("en", "zh")}
     record = json.loads((tmp_path / "runs/suite/vlm/maxm/zh/result.json").read_text())
     assert record["metrics"]["score"] == mine["zh"] and record["rule"] == "exact" and record["backend"] == "mllm"
-    assert (tmp_path / "runs/report/MaXM.csv").read_text().splitlines() == [
-        "model,en,zh,mul", f"vlm,{mine['en']!r},{mine['zh']!r},{mine['zh']!r}"]
+    assert (tmp_path / "runs/report/MaXM.csv").read_text().splitlines()[:2] == [
+        "model,en,zh,mul", f"vlm,{mine['en']!r},{mine['zh']!r},{mine['zh']!r}"]     # then the published rows
 
 
 def test_the_example_grid_plans_every_task():
@@ -381,7 +403,9 @@ def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
     assert mtvqa[0] == "model,de,ja,mul,avg" and mtvqa[2] == "InternVL2.5 78B (published),39.0,21.1,30.05,30.05"
     assert "partial: 2 of the benchmark's 9" in (report / "MTVQA.md").read_text()
     m3 = (report / "M3Exam.csv").read_text().splitlines()
-    assert m3[0] == "model,th,mul" and [r.split(",")[0] for r in m3[1:]] == ["vlm (generate)", "vlm (letter)"]
+    assert m3[0] == "model,th,mul" and [r.split(",")[0] for r in m3[1:3]] == ["vlm (generate)", "vlm (letter)"]
+    # the Pangea paper's per-language rows, over the same column; Centurio's en / mul rows have nothing here
+    assert m3[3] == "PANGEA-7B [Pangea] (published),32.9,32.9" and not any("Centurio" in r for r in m3)
     errors = (report / "M3Exam_format_errors.csv").read_text().splitlines()
     assert errors[0] == "model,th,mul" and errors[1].startswith("vlm (generate),") and len(errors) == 2
     assert (report / "XM3600_retrieval_ir_r1.csv").read_text().startswith("model,en,de,mul\nvlm,")
