@@ -14,10 +14,10 @@ they call, and the words each yields are the same):
   Latin letters and digits are single characters too ("T恤" -> "T 恤", "2个" -> "2 个");
 - ja: spaCy's Japanese tokenizer: SudachiPy, split mode A (spaCy's default, `split_mode = None`), its default
   dictionary `sudachidict_core`; the words are the morphemes' surface forms, empty and whitespace ones left out;
-- th: spaCy's Thai tokenizer: PyThaiNLP's `word_tokenize` with its defaults (engine `newmm`, whitespace kept as
-  words), the words joined by spaces as they come.
+- th: spaCy's Thai tokenizer: PyThaiNLP's `word_tokenize` as spaCy calls it (its defaults: engine `newmm`, named
+  here, whitespace kept as words), the words joined by spaces as they come.
 Whitespace words change nothing after step 2 (both PTB steps split at every whitespace character), so leaving
-them out of zh / ja is exact. The versions of the packages are recorded with each result (`tool_versions`):
+them out of zh / ja is exact. The versions of the packages are recorded with each result (`rule_tools`):
 Japanese words depend on the dictionary's version.
 
 The PTB step has two implementations: `ptb_jar` runs pycocoevalcap's own `PTBTokenizer` (the default: what the
