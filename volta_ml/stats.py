@@ -39,7 +39,6 @@ Seeds (`seed_spread`): the mean, the sample standard deviation (ddof=1; None for
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -382,5 +381,3 @@ def seed_spread(values: Sequence[float]) -> SeedSpread:
     return SeedSpread(float(np.mean(values)), std, len(values), tuple(values))
 
 
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -47,13 +47,15 @@ def cmd_compare(args) -> int:
         done = bool(cells)
     if all(any(run.rglob("cvqa_results.json")) or run.name == "cvqa_results.json" for run in runs):
         from volta_ml.cvqa.collect import ReportInputError
-        from volta_ml.cvqa.compare import compare_cvqa, write_cvqa_comparison
+        from volta_ml.cvqa.compare import compare_cvqa
+        from volta_ml.protocols.compare import write_comparison
 
         try:
             cells = compare_cvqa(runs[0], runs[1], options, args.row_a, args.row_b)
         except ReportInputError as error:
             raise UsageError(str(error)) from None
-        print(write_cvqa_comparison(cells, f"CVQA: A = {runs[0]}, B = {runs[1]}", options, args.digits, out))
+        print(write_comparison(cells, f"CVQA: A = {runs[0]}, B = {runs[1]}", options, args.digits, out,
+                               "cvqa_compare"))
         done = done or bool(cells)
     if not done:
         print(f"compare: {runs[0]} and {runs[1]} have no table cell in common (IGLUE results or CVQA result "

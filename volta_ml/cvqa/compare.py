@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from volta_ml.protocols.report import _csv, markdown as markdown_table
-from volta_ml.protocols.uncertainty import COMPARE_HEADER, CellComparison, compare_md_header, row_pairs
+from volta_ml.engine.failures import UsageError
+from volta_ml.protocols.uncertainty import CellComparison, row_pairs
 from volta_ml.stats import Options
 
 from .collect import Run, load_runs
@@ -47,7 +47,6 @@ def baseline_table(runs: list[Run], baseline: str, options: Options) -> Table:
     """`baseline_comparison`: every other run minus the baseline run (by label), as `compare` prints it."""
     base = next((r for r in runs if r.label == baseline), None)
     if base is None:
-        from volta_ml.engine.failures import UsageError
         raise UsageError(f"--baseline {baseline!r}: no run with that label (runs: {', '.join(r.label for r in runs)})")
     table = Table("baseline_comparison", f"Paired differences from the baseline {baseline} (A − B, B = baseline)",
                   ["prompt", "average", "A", "B", "A value", "B value", "A − B", "p", "paired questions",
@@ -67,15 +66,3 @@ def baseline_table(runs: list[Run], baseline: str, options: Options) -> Table:
             table.rows.append([condition, average, cell.a, cell.b, r.a, r.b, Measured(r.difference, r.low, r.high),
                                f"{r.p_value:.4f}", r.n, r.missing_text() or "-"])
     return table
-
-
-def write_cvqa_comparison(comparisons: list[CellComparison], title: str, options: Options, digits: int,
-                          out_dir: Path | None) -> str:
-    """The Markdown table (returned) and, with `out_dir`, `cvqa_compare.csv` / `cvqa_compare.md` there."""
-    text = markdown_table(compare_md_header(options), [c.markdown_row(digits) for c in comparisons], title)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "cvqa_compare.csv").write_text(_csv([COMPARE_HEADER] + [c.csv_row() for c in comparisons]),
-                                                  encoding="utf-8")
-        (out_dir / "cvqa_compare.md").write_text(text, encoding="utf-8")
-    return text
