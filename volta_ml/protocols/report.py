@@ -204,7 +204,6 @@ def build_tables(records: list[dict]) -> list[tuple[str, Table]]:
     return out
 
 
-
 def auc_table(agg: dict, task: str, metric: str) -> tuple[list[str], dict[str, dict[str, float]]] | None:
     """model -> lang -> few-shot AUC over the shots that have a score."""
     curves: dict = defaultdict(lambda: defaultdict(list))
