@@ -70,20 +70,15 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
     frame = getattr(backend, "vqa_frame", None)
     prompts = [user_turn(task, rule_name, e, layout, frame) for e in examples]
     context = {"max_new_tokens": opts["max_new_tokens"], "vocabulary": opts["vocabulary"]}
-    batch = max(1, opts["batch_size"])
 
-    def compute(rows: range) -> dict:
-        parts = []
-        for start in range(rows.start, rows.stop, batch):
-            stop = min(start + batch, rows.stop)
-            images = [example_images(examples[i], source, layout) for i in range(start, stop)]
-            with torch.inference_mode():
-                parts.append(rule.score(backend, images, prompts[start:stop], context))
-        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    def score_batch(rows: range) -> dict:
+        images = [example_images(examples[i], source, layout) for i in rows]
+        return rule.score(backend, images, prompts[rows.start:rows.stop], context)
 
-    arrays = map_chunks(len(examples), opts["chunk_size"], compute, work_dir=work_dir,
-                        fingerprint=dict(fingerprint, layout=layout, max_new_tokens=opts["max_new_tokens"]),
-                        info=info, desc=f"{task} {rule_name}", progress=opts["progress"])
+    arrays = score_items(len(examples), score_batch, batch_size=opts["batch_size"], chunk_size=opts["chunk_size"],
+                         work_dir=work_dir, fingerprint=dict(fingerprint, layout=layout,
+                                                             max_new_tokens=opts["max_new_tokens"]),
+                         info=info, desc=f"{task} {rule_name}", progress=opts["progress"])
     if not info.is_main:
         return None
     predictions = rule.predict(arrays, context)
@@ -118,6 +113,25 @@ def generative_items(rows: list[dict], parsed: bool) -> list[dict]:
             values["parse_failure_rate"] = 100.0 * (row["prediction"] == "")
         out.append(values)
     return out
+
+
+def score_items(n: int, score_batch, *, batch_size: int, chunk_size: int, work_dir: str, fingerprint: dict,
+                info, desc: str, progress: bool = True) -> dict:
+    """The one scoring loop of the Hugging Face tasks (IGLUE's and the suite's): `score_batch(rows) -> {name:
+    array with len(rows) rows}` over `n` items in batches of `batch_size`, saved per chunk of `chunk_size` items in
+    the resumable chunk store (`engine/chunks.map_chunks`: chunk k on rank k % world size); every rank gets the
+    arrays of all items, in item order."""
+    batch = max(1, batch_size)
+
+    def compute(rows: range) -> dict:
+        parts = []
+        for start in range(rows.start, rows.stop, batch):
+            with torch.inference_mode():
+                parts.append(score_batch(range(start, min(start + batch, rows.stop))))
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    return map_chunks(n, chunk_size, compute, work_dir=work_dir, fingerprint=fingerprint, info=info, desc=desc,
+                      progress=progress)
 
 
 def write_predictions(path, rows: list[dict]) -> None:

@@ -218,6 +218,8 @@ def cmd_report(args) -> int:
         return 1
     out = Path(args.out) if args.out else root / "report"
     files = write_report(records, out, digits=args.digits, options=stat_options(args), baseline=baseline)
+    from .suite_report import write_suite_report
+    files += write_suite_report(records, out, digits=args.digits)
     (out / "records.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
     if not args.no_plots:
         from .plots import write_plots

@@ -119,13 +119,19 @@ def iglue_hf_metrics(cell_dir: Path) -> dict:
     return dict(iglue_hf_results(cell_dir)["metrics"])
 
 
-def iglue_hf_results(cell_dir: Path) -> dict:
-    path = Path(cell_dir) / "eval" / "iglue_hf_results.json"
+HF_RESULTS = {"iglue_hf": ("iglue_hf_results.json", "iglue-hf"), "suite": ("suite_results.json", "suite")}
+
+
+def iglue_hf_results(cell_dir: Path, scorer: str = "iglue_hf") -> dict:
+    """The metrics, rule and backend a Hugging Face cell's run wrote to `eval/` (`volta-ml iglue-hf`'s
+    iglue_hf_results.json, `volta-ml suite`'s suite_results.json)."""
+    name, command = HF_RESULTS[scorer]
+    path = Path(cell_dir) / "eval" / name
     try:
         results = json.loads(path.read_text(encoding="utf-8"))
         return {"metrics": dict(results["metrics"]), "rule": results.get("rule"), "backend": results.get("backend")}
     except FileNotFoundError:
-        raise LogError(f"{path}: not written (the iglue-hf run did not finish)")
+        raise LogError(f"{path}: not written (the {command} run did not finish)")
     except (ValueError, KeyError, TypeError) as error:
         raise LogError(f"{path}: no 'metrics' ({error})")
 
@@ -136,6 +142,7 @@ SCORERS = {  # scorer -> metrics from (stdout log, stderr log, first validation 
     "retrieval": lambda out, err, first: retrieval_metrics(out),
     "cvqa": lambda out, err, first: cvqa_metrics(Path(out).parent),
     "iglue_hf": lambda out, err, first: iglue_hf_metrics(Path(out).parent),
+    "suite": lambda out, err, first: dict(iglue_hf_results(Path(out).parent, "suite")["metrics"]),
 }
 
 

@@ -72,8 +72,8 @@ def record(cell_dir: Path) -> int:
                                      first_validation=(cell.stage == "few_shot_test" and cell.task == "xvnli"))
             checkpoint = cell.extra.get("checkpoint")
             extra = {"metrics": metrics, "checkpoint": os.path.realpath(checkpoint) if checkpoint else None}
-            if cell.scorer == "iglue_hf":      # a Hugging Face model: its rule (and variant) keep their own rows
-                extra.update({k: v for k, v in iglue_hf_results(cell_dir).items() if k != "metrics"})
+            if cell.scorer in ("iglue_hf", "suite"):   # a Hugging Face model: its rule (and variant) keep their rows
+                extra.update({k: v for k, v in iglue_hf_results(cell_dir, cell.scorer).items() if k != "metrics"})
                 if cell.extra.get("variant"):
                     extra["variant"] = cell.extra["variant"]
             items, why = cell_items(cell_dir, metrics) if cell.scorer != "cvqa" else (None, "")
