@@ -216,16 +216,23 @@ def cmd_report(args) -> int:
     if not records:
         print(f"{root}: no finished results (result.json) or IGLUE test logs with a score found", file=sys.stderr)
         return 1
+    from .suite_report import build_suite_tables, write_suite_report
+    if baseline is not None:
+        from .report import build_tables
+        rows = {m for _, t in build_tables(records) for m in t.models} | \
+            {m for _, t in build_suite_tables(records) for m in t.sources}
+        if baseline not in rows:
+            raise UsageError(f"baseline {baseline!r} is not a row of any table (rows: {', '.join(sorted(rows))})")
     out = Path(args.out) if args.out else root / "report"
-    files = write_report(records, out, digits=args.digits, options=stat_options(args), baseline=baseline)
-    from .suite_report import write_suite_report
-    files += write_suite_report(records, out, digits=args.digits)
+    options = stat_options(args)
+    files = write_report(records, out, digits=args.digits, options=options, baseline=baseline)
+    files += write_suite_report(records, out, digits=args.digits, options=options, baseline=baseline)
     (out / "records.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
     if not args.no_plots:
         from .plots import write_plots
         files += write_plots(records, out / "plots")
     print(f"{len(records)} results -> {len(files)} files in {out}")
-    for md in sorted(p for p in files if p.suffix == ".md" and ("_summary" in p.name or p.stem == "baseline")):
+    for md in sorted(p for p in files if p.suffix == ".md" and ("_summary" in p.name or p.stem.endswith("baseline"))):
         print(md.read_text(encoding="utf-8"))
     return 0
 

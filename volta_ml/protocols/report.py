@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-from volta_ml.engine.failures import UsageError
 from volta_ml.stats import Options
 
 from .iglue import TASKS, shot_count
@@ -114,6 +113,13 @@ class Table:
 
     def header(self) -> list[str]:
         return ["model"] + self.columns + ["avg"]
+
+    def aggregate_columns(self) -> list[tuple[str, list[str]]]:
+        """IGLUE's `avg` over the target languages (uncertainty.py's intervals and comparisons)."""
+        return [(AVG, self.targets)] if self.targets else []
+
+    def aggregate_value(self, model: str, name: str) -> float | None:
+        return self.avg(model) if self.targets and self.complete(model) else None
 
 
 def markdown(header: list[str], rows: list[list[str]], title: str = "") -> str:
@@ -336,10 +342,10 @@ def write_format_errors(tables, stats, digits: int, emit) -> None:
 
 
 def write_baseline(tables, baseline: str, files, options: Options, digits: int, emit) -> None:
-    """`baseline.*`: each row minus the baseline row, per cell of every table holding both (compare_rows)."""
+    """`baseline.*`: each row minus the baseline row, per cell of every table holding both (compare_rows); nothing
+    when no table has the row (`volta-ml report` checks the name against every table, the suite's too)."""
     if not any(baseline in table.models for _, table in tables):
-        known = sorted({m for _, t in tables for m in t.models})
-        raise UsageError(f"baseline {baseline!r} is not a row of any table (rows: {', '.join(known)})")
+        return
     comparisons = [cell for stem, table in tables if baseline in table.models for row in table.models
                    if row != baseline
                    for cell in compare_rows(stem, table, row, table, baseline, table.metric, files, options)]

@@ -5,10 +5,14 @@ over seeds, the generate rule's format-error rate, and paired comparisons of two
 A cell (one table row, one language) holds the result records of its seeds. Its items are the per-item values of
 the metric (`<split>_items.jsonl` named by each record's `items`), averaged over the seeds item by item, so the
 interval's estimate is the mean over seeds of the cell's score; a cell whose seeds scored different items, or
-any of whose records has no per-item file (old IGLUE logs), has no interval. The `avg` column's interval
-resamples each target language's items within the language and averages the languages' means (IGLUE's `avg`).
-Item ids are prefixed with their language there (`ar/<id>`), so the same question in two languages stays two
-items.
+any of whose records has no per-item file (old IGLUE logs), has no interval. An aggregate column's interval
+(IGLUE's `avg` over the target languages; the suite's `mul` and `avg`) resamples each language's items within the
+language and averages the languages' means. Item ids are prefixed with their language there (`ar/<id>`), so the
+same question in two languages stays two items.
+
+A table here is anything with `models`, `columns`, `sources` (row -> language -> records), `metric`,
+`aggregate_columns()` ([(name, languages)]) and `aggregate_value(row, name)`: the report's IGLUE `Table` and the
+suite's `SuiteTable`.
 """
 from __future__ import annotations
 
@@ -115,20 +119,25 @@ def average_seeds(sources: dict[str, list[dict]], langs: list[str], metric: str)
 
 
 def table_stats(table, metric: str, files: ItemFiles, options: Options) -> dict[tuple[str, str], CellStats]:
-    """(row, column) -> CellStats for every cell of a report `Table` with record sources (columns and `avg`)."""
+    """(row, column) -> CellStats for every cell of a table with record sources (languages and aggregates)."""
     out = {}
     for model in table.models:
         sources = table.sources.get(model, {})
+        if not sources:
+            continue
         for lang in table.columns:
             if sources.get(lang):
                 out[(model, lang)] = cell_stats(sources[lang], metric, files, options)
-        if table.targets and table.complete(model):
-            stats = CellStats(table.avg(model), seeds=average_seeds(sources, table.targets, metric))
-            values, groups, stats.note = language_items(sources, table.targets, metric, files)
+        for name, langs in table.aggregate_columns():
+            value = table.aggregate_value(model, name)
+            if value is None:
+                continue
+            stats = CellStats(value, seeds=average_seeds(sources, langs, metric))
+            values, groups, stats.note = language_items(sources, langs, metric, files)
             if values:
                 stats.interval = options.interval(list(values.values()), list(groups.values()), average="macro")
                 stats.items = len(values)
-            out[(model, AVG)] = stats
+            out[(model, name)] = stats
     return out
 
 
@@ -154,7 +163,7 @@ def uncertainty_rows(table, stats: dict[tuple[str, str], CellStats], options: Op
     """The long-format rows of `uncertainty/<stem>.csv` (UNCERTAINTY_HEADER), one per cell with a value."""
     rows = []
     for model in table.models:
-        for column in table.columns + [AVG]:
+        for column in table.columns + [name for name, _ in table.aggregate_columns()]:
             s = stats.get((model, column))
             if s is None or s.value is None:
                 continue
@@ -207,8 +216,8 @@ def compare_md_header(options: Options) -> list[str]:
 
 def compare_rows(stem: str, table_a, row_a: str, table_b, row_b: str, metric: str, files: ItemFiles,
                  options: Options) -> list[CellComparison]:
-    """Row `row_a` of `table_a` minus row `row_b` of `table_b`, per language both have and for `avg` over the
-    target languages both have complete: the paired difference on the items both scored (those on one side only
+    """Row `row_a` of `table_a` minus row `row_b` of `table_b`, per language both have and per aggregate (`avg`,
+    `mul`) over its languages both have: the paired difference on the items both scored (those on one side only
     are named), its paired bootstrap interval and the permutation p-value."""
     sources_a, sources_b = table_a.sources.get(row_a, {}), table_b.sources.get(row_b, {})
     out = []
@@ -227,9 +236,11 @@ def compare_rows(stem: str, table_a, row_a: str, table_b, row_b: str, metric: st
             else:
                 cell.result = options.compare(a, b)
         out.append(cell)
-    targets = [t for t in table_a.targets if t in table_b.targets]
-    if targets:
-        cell = CellComparison(stem, AVG, row_a, row_b)
+    for name, langs in table_a.aggregate_columns():
+        targets = [t for t in langs if t in dict(table_b.aggregate_columns()).get(name, ())]
+        if not targets:
+            continue
+        cell = CellComparison(stem, name, row_a, row_b)
         a, groups_a, why_a = language_items(sources_a, targets, metric, files)
         b, _, why_b = language_items(sources_b, targets, metric, files)
         if a is None or b is None:
