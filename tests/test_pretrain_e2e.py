@@ -383,6 +383,9 @@ def test_a_single_file_lmdb_is_read_at_every_entry_point(site, tmp_path, capsys)
         converted = tmp_path / f"{fmt}.vmlf"
         assert volta_ml_main(["features", "convert", str(path), str(converted)]) == 0
         assert _same_samples(RegionView(converted), reference, images)
+        capsys.readouterr()
+        assert volta_ml_main(["features", "verify", f"{path}-lock"]) == 2    # the lock file beside it: one line
+        assert "an LMDB lock file, not the LMDB" in _last_line(capsys.readouterr().err)
 
     init = tmp_path / "init.bin"
     save_checkpoint(build_model(load_config(str(site["config"])), kind="pretraining"), init)

@@ -119,14 +119,22 @@ _LMDB_MAGIC_AT = 16
 _LMDB_MAGICS = (struct.pack("<I", _LMDB_MAGIC), struct.pack(">I", _LMDB_MAGIC))
 
 
-def is_lmdb_file(path: str) -> bool:
-    """Whether the file at `path` is an LMDB data file, by its header (never by its name)."""
+def lmdb_file_kind(path: str) -> str | None:
+    """"data" for an LMDB data file, "lock" for an LMDB lock file, None for anything else: by the file's header,
+    never by its name."""
     try:
         with open(path, "rb") as f:
             head = f.read(_LMDB_MAGIC_AT + 4)
     except OSError:
-        return False
-    return head[_LMDB_MAGIC_AT:] in _LMDB_MAGICS
+        return None
+    if head[_LMDB_MAGIC_AT:] in _LMDB_MAGICS:
+        return "data"
+    return "lock" if head[:4] in _LMDB_MAGICS else None
+
+
+def is_lmdb_file(path: str) -> bool:
+    """Whether the file at `path` is an LMDB data file, by its header (never by its name)."""
+    return lmdb_file_kind(path) == "data"
 
 
 def lmdb_data_file(path: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from .base import is_lmdb_file, shared_readonly_env
+from .base import is_lmdb_file, lmdb_file_kind, shared_readonly_env
 from .formats import lmdb_markers, reader_class
 from .records import FeatureStoreError, IncompleteStoreError
 
@@ -55,8 +55,12 @@ def detect_format(path: str) -> str:
         head = f.read(8)
     if head == _HDF5_SIGNATURE:
         return "h5"
-    if is_lmdb_file(path):   # LMDB's one-file layout
+    kind = lmdb_file_kind(path)
+    if kind == "data":   # LMDB's one-file layout
         return _lmdb_kind(path)
+    if kind == "lock":
+        raise FeatureStoreError(path, "an LMDB lock file, not the LMDB: pass the LMDB itself (the file or "
+                                      "directory it sits beside)")
     if os.path.getsize(path) == 0:
         raise IncompleteStoreError(path, "empty file")
     if path.endswith(".mdb"):
