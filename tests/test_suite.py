@@ -386,6 +386,12 @@ def test_the_example_grid_plans_every_task():
     assert sum(c.task == "xm3600" and c.model == "pangea-7b" for c in cells) == 36
 
 
+def csv_rows(path: Path) -> list[dict]:
+    import csv
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
 def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
     from volta_ml.protocols.results import collect
     from volta_ml.protocols.suite_report import write_suite_report
@@ -413,3 +419,22 @@ def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
     assert kal[0] == "model,en,uk,mul,avg"
     summary = (report / "suite_summary.md").read_text()
     assert "MTVQA avg" in summary and "M3Exam mul" in summary and "XM3600_retrieval ir_r1 en" in summary
+    # every run's per-item file averages to its metrics; the cells carry intervals; a baseline row is compared
+    from volta_ml import stats
+    for folder in ("mtvqa-ja-None", "m3exam-th-generate", "kaleidoscope-uk-None"):
+        record = json.loads((runs / folder / "result.json").read_text())
+        items = stats.read_items(runs / folder / record["items"])
+        for metric in ("score", "format_error_rate"):
+            values = stats.metric_values(items, metric)
+            if metric in record["metrics"]:
+                assert sum(values.values()) / len(values) == pytest.approx(record["metrics"][metric])
+    assert "±" in (report / "MTVQA.md").read_text() and "±" in (report / "M3Exam_format_errors.md").read_text()
+    assert "(published) | 39.00 |" in (report / "MTVQA.md").read_text()            # no interval: no items
+    write_suite_report(collect(runs), report, baseline="vlm (letter)")
+    row = next(r for r in csv_rows(report / "suite_baseline.csv") if r["table"] == "M3Exam" and r["column"] == "th")
+    letter, generate = (stats.metric_values(stats.read_items(runs / f"m3exam-th-{rule}/test_th_items.jsonl"), "score")
+                        for rule in ("letter", "generate"))
+    expected = stats.compare_items(generate, letter)
+    assert (row["A"], row["B"]) == ("vlm (generate)", "vlm (letter)")
+    assert (float(row["difference"]), float(row["ci_low"]), float(row["p_value"])) == \
+        (expected.difference, expected.low, expected.p_value)

@@ -8,6 +8,8 @@ sharded over ranks and resumable by chunks, and writes on rank 0:
   image layout, backend spec, timing;
 - `predictions.jsonl` (generative) or eval_retrieval's `<split>_result.json`, `<split>_others.json`,
   `<split>_scores.npy`, `<split>_retrieval.json` (retrieval);
+- `<split>_items.jsonl`: each item's score (or each query's recall hits; volta_ml/stats.py), for the report's
+  confidence intervals and `volta-ml compare`;
 - `result.json` (unless `record=False`): the record `volta-ml report` places into IGLUE's CSVs;
 - the zoo's log lines, so a sweep cell's record step reads the score the same way: `Validation [<Title>]:
   loss 0.000 score <acc> ` on stderr (XVNLI, MaRVL), the bare accuracy as the last stdout line (xGQA), the two
@@ -143,6 +145,7 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
                 "id": f"iglue_hf/{results['model']}/{task}/{lang}/{PROTOCOLS[protocol]}",
                 "stage": PROTOCOLS[protocol], "protocol": PROTOCOLS[protocol], "model": results["model"],
                 "task": task, "lang": lang, "shot": None, "lr": None, "seed": None, "metrics": result["metrics"],
+                "items": f"{split}_items.jsonl",
                 "backend": opts["backend"], "rule": rule, "status": "done",
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
         if not opts["keep_chunks"]:

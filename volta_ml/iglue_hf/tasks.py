@@ -19,6 +19,7 @@ from volta_ml.engine.retrieval import save_array
 from volta_ml.hf.base import DualEncoder, Generative
 from volta_ml.protocols.hf_kinds import NEEDS
 from volta_ml.protocols.iglue import TASKS
+from volta_ml.stats import unique_ids, write_items
 from volta_ml.tasks.retrieval_metrics import top_images
 
 from .images import side_by_side
@@ -92,6 +93,7 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
         for row, raw in zip(rows, arrays["answers"].tolist()):
             row["generated"] = raw
     write_predictions(out_dir / "predictions.jsonl", rows)
+    write_items(out_dir / f"{split}_items.jsonl", generative_items(rows, "parse_failure_rate" in metrics))
     log_score(task, score)
     n_images = 1 if layout == "canvas" else len(examples[0].images)   # a MaRVL canvas is one image
     return {"metrics": metrics, "n_examples": len(examples), "rule_description": rule.describe,
@@ -99,6 +101,18 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
             "first_prompt_rendered": backend.render(prompts[0], n_images),
             "prompt_format": getattr(backend, "prompt_format", None),
             "qformer_truncated": getattr(backend, "qformer_truncated", None)}
+
+
+def generative_items(rows: list[dict], parsed: bool) -> list[dict]:
+    """Per-item rows (volta_ml/stats.py): `score` 100 for an exact match, and with the generate rule of a multiple
+    choice task `parse_failure_rate` 100 for an answer that named no option; ids as the zoo's eval names them."""
+    out = []
+    for item, row in zip(unique_ids(r["id"] for r in rows), rows):
+        values = {"id": item, "score": 100.0 * (row["prediction"] == row["label"])}
+        if parsed:
+            values["parse_failure_rate"] = 100.0 * (row["prediction"] == "")
+        out.append(values)
+    return out
 
 
 def score_items(n: int, score_batch, *, batch_size: int, chunk_size: int, work_dir: str, fingerprint: dict,
@@ -161,7 +175,8 @@ def run_retrieval(backend, data, source, *, info, work_dir, fingerprint, opts, o
         return None
     scores = texts @ images.T                      # captions x images cosine similarities
     caption_image = np.asarray(data.caption_image, dtype=np.int64)
-    report = print_report(scores, caption_image, SimpleNamespace(no_running_lines=True, num_subiters=1, shortlist=0))
+    report = print_report(scores, caption_image, SimpleNamespace(no_running_lines=True, num_subiters=1, shortlist=0),
+                          str(out_dir / f"{split}_items.jsonl"))
     save_array(str(out_dir / f"{split}_scores.npy"), scores.astype(np.float32))
     atomic_write_json(out_dir / f"{split}_result.json", top_images(scores))
     atomic_write_json(out_dir / f"{split}_others.json", [])

@@ -22,7 +22,8 @@ COMMAND_KINDS = ("pretrain", "train", "eval", "eval_retrieval", "gqa_score", "cv
 TOP_KEYS = {"name", "data_root", "output_dir", "task_configs", "checkpoint_root", "models", "tasks", "protocols",
             "languages", "few_shot_languages", "shots", "learning_rates", "seeds", "include_english",
             "num_epoch", "commands", "extra_flags", "paths", "env", "pass_data_root", "slurm", "python", "cvqa", "suite",
-            "images", "image_templates", "train_images", "train_image_templates"}   # Hugging Face models (hf_cells.py)
+            "images", "image_templates", "train_images", "train_image_templates",   # Hugging Face models (hf_cells.py)
+            "baseline"}                                 # `volta-ml report --grid`: the row the others are compared with
 MODEL_KEYS = {"config", "bert_model", "do_lower_case", "is_m3p", "features", "finetuned", "pretrained", "hf",
               "pretrain"}
 # a model pretrained by the sweep itself (the `pretrain` stage, `volta-ml pretrain`)
@@ -75,6 +76,7 @@ class Grid:
     image_templates: dict[str, str] = field(default_factory=dict)   # task -> path template under it
     train_images: dict[str, str] = field(default_factory=dict)      # task -> English training images (default: images)
     train_image_templates: dict[str, str] = field(default_factory=dict)
+    baseline: str | None = None            # the report's baseline row (`volta-ml report --grid`)
 
     def step(self) -> list[str]:
         """argv prefix of the in-cell helper steps (record, select)."""
@@ -218,7 +220,19 @@ def load_grid(path: str | Path) -> Grid:
         train_images={t: str(_resolve(base, v)) for t, v in task_map(raw.get("train_images"),
                                                                     where("train_images")).items()},
         train_image_templates=task_map(raw.get("train_image_templates"), where("train_image_templates")),
+        baseline=_baseline(raw.get("baseline"), models, where("baseline")),
     )
+
+
+def _baseline(value, models: dict, where: str) -> str | None:
+    """A row name of the report: a model of the grid, or such a model with a suffix (`<model> (fine-tuned)`,
+    `<model> (<rule>)`)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not any(value == m or value.startswith(f"{m} (") for m in models):
+        raise GridError(f"{where}: expected the report row of one of the grid's models ({', '.join(models)}), "
+                        f"got {value!r}")
+    return value
 
 
 def _model(name: str, spec, base: Path, tasks: list[str], where: str) -> ModelSpec:

@@ -2,7 +2,8 @@
 "How each score is read") and from the sweep's own `result.json` files.
 
 A result record is a dict with protocol, model, task, lang, shot, seed and metrics
-(`score`, or `ir_r1`/`tr_r1`/... for retrieval).
+(`score`, or `ir_r1`/`tr_r1`/... for retrieval), and `items`: the cell's per-item file (volta_ml/stats.py) when
+the entry point wrote one (relative to the cell folder in `result.json`; absolute once collected).
 """
 from __future__ import annotations
 
@@ -151,6 +152,40 @@ def scorer_metrics(scorer: str, out_log: Path, err_log: Path, first_validation: 
     return SCORERS[scorer](out_log, err_log, first_validation)
 
 
+ITEMS_TOLERANCE = 6e-4     # the logs print 3 decimals
+
+
+def cell_items(cell_dir: Path, metrics: dict) -> tuple[str | None, str]:
+    """The per-item file the cell's entry point wrote (`*_items.jsonl` in the cell folder, `eval/` or
+    `eval/<checkpoint>-/`; the newest if several) as a path relative to the cell, when the mean of its items equals
+    every metric it shares with `metrics` (the logs' 3 decimals); else (None, why)."""
+    from volta_ml.stats import ITEMS_SUFFIX, ItemsError, metric_values, read_items
+
+    cell_dir = Path(cell_dir)
+    found = [p for pattern in (f"*{ITEMS_SUFFIX}", f"eval/*{ITEMS_SUFFIX}", f"eval/*/*{ITEMS_SUFFIX}")
+             for p in cell_dir.glob(pattern)]
+    if not found:
+        return None, "no per-item file"
+    path = max(found, key=lambda p: p.stat().st_mtime)
+    try:
+        items = read_items(path)
+    except ItemsError as error:
+        return None, str(error)
+    for metric, value in metrics.items():
+        values = metric_values(items, metric)
+        if values and value is not None and abs(sum(values.values()) / len(values) - float(value)) > ITEMS_TOLERANCE:
+            return None, (f"{path}: the mean of its {metric} items, {sum(values.values()) / len(values):.4f}, is not "
+                          f"the logged {value} (a file of another run?)")
+    return str(path.relative_to(cell_dir)), ""
+
+
+def item_file(record: dict, folder: Path) -> dict:
+    """The record with its `items` path made absolute (relative paths are relative to the result's folder)."""
+    if record.get("items"):
+        record = dict(record, items=str((Path(folder) / record["items"]).resolve()))
+    return record
+
+
 # --- collecting records ----------------------------------------------------------------
 TASK_DIRS = {key: key for key in TASKS}          # IGLUE's experiments/<model>/<task>/ folder names
 ZERO_SHOT_LOG = re.compile(r"^test\.([A-Za-z-]+?)(_mt)?\.(err|out)$")
@@ -162,7 +197,7 @@ def sweep_records(root: Path) -> list[dict]:
     for path in sorted(Path(root).rglob(RESULT_FILE)):
         result = read_result(path.parent)
         if result and result.get("protocol") in ("zero_shot", "translate_test", "few_shot", "translate_train"):
-            records.append(result)
+            records.append(item_file(result, path.parent))
     return records
 
 

@@ -8,9 +8,13 @@ Files in `--output_dir`:
   saw it, model / adapter / template options, metrics, counts, what was skipped, seconds;
 - `predictions.jsonl`: one record per item: id, lang, score, correct (1 / 0, or the CIDEr), parsed (whether a
   generated multiple-choice answer named an option; null for open answers), prediction, gold, generated answer,
-  user turn; what interval estimates and paired comparisons are computed from;
+  user turn;
+- `test_<lang>_items.jsonl`: the per-item file (volta_ml/stats.py) `volta-ml report`'s intervals and `volta-ml
+  compare` read: each item's `score` (100 x its score) and, for generated multiple-choice answers,
+  `format_error_rate` (100 when it named no option);
 - `result.json` (unless `--no_result_json`): the record `volta-ml report` tabulates.
-Retrieval (xm3600_retrieval, dual encoders) writes IGLUE's retrieval files instead of predictions.jsonl.
+Retrieval (xm3600_retrieval, dual encoders) writes IGLUE's retrieval files instead of predictions.jsonl (with the
+per-query items of eval_retrieval).
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from volta_ml.iglue_hf.run import load_backend, model_contents, _model_name
 from volta_ml.iglue_hf.tasks import BackendTaskError, backend_kind, run_retrieval, score_items
 from volta_ml.options import complete_options
 from volta_ml.protocols.suite import SUITE
+from volta_ml.stats import unique_ids, write_items
 
 from .data import resolve
 from .images import stack
@@ -128,11 +133,11 @@ def run_suite(options: dict, backend=None) -> dict | None:
                 shutil.rmtree(work_dir, ignore_errors=True)
         started = time.time()
         common = dict(info=info, work_dir=work_dir, fingerprint=fingerprint, opts=opts)
+        split = f"test_{lang}"
         if data.retrieval is not None:
-            split = f"test_{lang}"
             result = run_retrieval(backend, data.retrieval, data.store.source, out_dir=out_dir, split=split, **common)
         else:
-            result = _generative(backend, row, rule_name, data, max_new_tokens, out_dir, **common)
+            result = _generative(backend, row, rule_name, data, max_new_tokens, out_dir, split=split, **common)
         if not info.is_main:
             return None
         seconds = time.time() - started
@@ -157,7 +162,7 @@ def run_suite(options: dict, backend=None) -> dict | None:
             atomic_write_json(out_dir / "result.json", {
                 "id": f"suite/{name}/{task}/{lang}", "stage": "suite", "protocol": "zero_shot", "model": name,
                 "task": task, "lang": lang, "shot": None, "lr": None, "seed": None, "metrics": results["metrics"],
-                "backend": opts["backend"], "rule": rule_name, "status": "done",
+                "items": f"{split}_items.jsonl", "backend": opts["backend"], "rule": rule_name, "status": "done",
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
         if not opts["keep_chunks"]:
             import shutil
@@ -175,7 +180,7 @@ def _item_images(item, store, backend) -> list:
     return images
 
 
-def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, info, work_dir, fingerprint, opts):
+def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, split, info, work_dir, fingerprint, opts):
     rule = row.rules[rule_name]
     items = data.items
     frame = getattr(backend, "vqa_frame", None)
@@ -205,6 +210,7 @@ def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, info,
             handle.write(json.dumps({"id": item.id, "lang": item.lang, "score": j.score, "correct": j.score,
                                      "parsed": j.parsed, "prediction": j.prediction, "gold": gold,
                                      "generated": answers[k], "prompt": prompts[k]}, ensure_ascii=False) + "\n")
+    write_items(out_dir / f"{split}_items.jsonl", judged_items(items, judged))
     limit = getattr(backend, "max_images", None)
     stacked = sum(1 for item in items if limit is not None and len(item.images) > limit)
     n_images = min(len(items[0].images), limit) if limit is not None else len(items[0].images)
@@ -250,6 +256,19 @@ class ImportedAnswers:
 
     def render(self, prompt: str, num_images: int) -> str:
         return prompt
+
+
+def judged_items(items, judged) -> list[dict]:
+    """The per-item file's rows (volta_ml/stats.py): `score` 100 x the item's score (1 / 0, or its CIDEr: their
+    mean is `summarise`'s score) and, for an item whose answer was parsed or not, `format_error_rate` (100 when it
+    named no option), so the report bootstraps both."""
+    rows = []
+    for item, j in zip(unique_ids(item.id for item in items), judged):
+        row = {"id": item, "score": 100.0 * float(j.score)}
+        if j.parsed is not None:
+            row["format_error_rate"] = 0.0 if j.parsed else 100.0
+        rows.append(row)
+    return rows
 
 
 def summarise(judged) -> dict:
