@@ -6,8 +6,9 @@ language of the table (else "–", never a mean of what happens to be there); th
 benchmark's languages the table has. The numbers the benchmarks' authors and the suite papers published
 (`protocols/suite.PUBLISHED`, sources in docs/suite.md) are rows `<name> (published)` of the same tables (those
 with a number in the table), their aggregates computed over the same columns, or the source's own `mul` / `avg`
-where it gives no per-language numbers and the table has every language of the benchmark. Generation rules on multiple choice also get `<Title>_format_errors` (the share of answers that
-named no option), and `suite_summary` puts every task's English and aggregate side by side.
+where it gives no per-language numbers and the table has every language of the benchmark. Generation rules on
+multiple choice also get `<Title>_format_errors` (the share of answers that named no option), and `suite_summary`
+puts every task's English and aggregate side by side.
 
 Files: `<Title>.csv|md|tex` (retrieval: `<Title>_ir_r1`, `<Title>_tr_r1`), `<Title>_format_errors.*`,
 `suite_summary.*`. Scores of one model, rule and language from several runs are averaged; different rules of a
