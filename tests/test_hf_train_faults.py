@@ -133,15 +133,22 @@ def test_validation_loss_is_the_mean_answer_nll_over_labelled_rows(tmp_path, qwe
         assert _in_process(_xvnli_argv(out, qwen, xvnli, *flags, "--eval_batch_size", str(batch))) == 0
         assert _tensorboard_losses(out / "logs") == [pytest.approx(expected, rel=1e-5)], batch
     out = tmp_path / "ranks2"
-    for _attempt in range(3):
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                    str(free_port()), ENTRY, *_xvnli_argv(out, qwen, xvnli, *flags, "--batch_size", "8",
-                                                           "--eval_batch_size", "4")]
-        proc = subprocess.run(torchrun, cwd=tmp_path, env=train_env(), capture_output=True, text=True, timeout=300)
-        if "Address already in use" not in proc.stderr:
+    argv = _xvnli_argv(out, qwen, xvnli, *flags, "--batch_size", "8", "--eval_batch_size", "4")
+    for _attempt in range(3):     # two processes with Slurm's variables (no torchrun agent to start)
+        port, logs = str(free_port()), [tmp_path / f"rank{r}.log" for r in (0, 1)]
+        ranks = []
+        for r, log in enumerate(logs):    # stderr into files: a full pipe would stall one rank, and both
+            with log.open("w") as handle:
+                ranks.append(subprocess.Popen(
+                    [sys.executable, ENTRY, *argv], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=handle,
+                    env=train_env(SLURM_NTASKS="2", SLURM_PROCID=str(r), SLURM_LOCALID=str(r), SLURM_JOB_ID="4343",
+                                  SLURM_JOB_NODELIST="localhost", MASTER_PORT=port)))
+        outcomes = [(rank.wait(timeout=300), log.read_text()) for rank, log in zip(ranks, logs)]
+        if not any("Address already in use" in err for _, err in outcomes):
             break
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "world size 2" in proc.stderr
+    for code, err in outcomes:
+        assert code == 0, err[-3000:]
+    assert "world size 2" in outcomes[0][1]
     assert _tensorboard_losses(out / "logs") == [pytest.approx(expected, rel=1e-5)]
 
 
