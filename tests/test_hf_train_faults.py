@@ -5,11 +5,11 @@ Flickr30k-style data roots (tests/helpers_hf_train.py, whose entry point injects
 
 - the validation loss is the mean answer NLL over the labelled rows, computed one row at a time here, at eval
   batch 1, 4 and on 2 gloo ranks;
-- a kill between the export's two renames (a file system without an atomic exchange), then a full disk while
-  the resumed run writes a later export (a tmpfs filled up, or a file size limit where user namespaces are not
-  available): exit 4, one line naming the file and the free space, a complete export on disk throughout, and
-  `iglue-hf` on it says that it is older than the run's best; the finished run's export is its best; a full
-  disk on the dual encoder's `config.json` names that file;
+- a full disk in the export (a tmpfs filled up, or a file size limit where user namespaces are not available):
+  exit 4, one line naming the file and the free space, the previous export complete, and `iglue-hf` on it says
+  that it is older than the run's best; then a kill between the export's two renames (a file system without an
+  atomic exchange) and a full disk in the next run's first export: a complete export on disk throughout; the
+  finished run's export is its best; a full disk on the dual encoder's `config.json` names that file;
 - a resume file from another model, LoRA rank or target set, an older one that does not record its model, a
   truncated one: one line (exit 2) naming the file and what differs.
 """
@@ -183,33 +183,27 @@ def _record(export) -> dict:
     return json.loads((export / "volta_ml_export.json").read_text())
 
 
-def test_kill_between_the_swaps_renames_then_a_full_disk_keep_a_complete_export(tmp_path, qwen, xvnli, capsys,
-                                                                                  monkeypatch):
-    """1st run: killed between the two renames of its 2nd export (a file system without an atomic exchange, as
-    NFS). 2nd run, resumed: finishes that swap, exports epoch 1 again, then the disk is full in the export of
-    epoch 2 while safetensors writes the weights (a LoRA of rank 64: larger than the space left). iglue-hf on
-    the export says it is older than the run's best. 3rd run, resumed: finishes, its export is its best."""
+def test_full_disk_and_kills_in_the_export_leave_a_complete_export(tmp_path, qwen, xvnli, capsys, monkeypatch):
+    """1st run: the disk is full while safetensors writes the weights of its 2nd export (a LoRA of rank 64:
+    larger than the space left): exit 4, one line; iglue-hf on the export says it is older than the run's best.
+    2nd run, resumed: killed between the two renames of its export (a file system without an atomic exchange, as
+    NFS). 3rd run, resumed: the disk is full in its first export: the interrupted swap was finished first, never
+    undone. 4th run, resumed: finishes; its export is its best."""
     from volta_ml.cli import main
     from volta_ml.hf.export import status
     argv = _xvnli_argv(tmp_path, qwen, xvnli, "--num_epoch", "3", "--eval_batch_size", "11", "--lr", "1e-2",
                        "--lora_r", "64", "--checkpoint_every_steps", "1")
-    run = tmp_path / "save" / XVNLI_RUN
-    first = _subprocess(argv, tmp_path, HF_TRAIN_RISING="1", HF_EXPORT_FAULT="kill_swap:2")
-    assert first.returncode == -9, first.stderr[-3000:]
-    assert not (run / "hf_best").exists()     # the window of a two-rename swap: both exports complete beside it
-    assert _record(run / ".hf_best.old")["epoch"] == 0 and _record(run / ".hf_best.new")["epoch"] == 1
-
+    run, export = tmp_path / "save" / XVNLI_RUN, tmp_path / "save" / XVNLI_RUN / "hf_best"
     resume = [*argv, "--resume_file", str(run / "pytorch_ckpt_latest.tar")]
-    second, seen = _on_a_disk_that_fills_up(tmp_path, resume, HF_TRAIN_RISING="1", HF_EXPORT_FAULT="full:2",
-                                            HF_FULL_DISK_LEAVE="32768")
-    line = _one_line_error(second.returncode, second.stderr, 4)
+
+    first, seen = _on_a_disk_that_fills_up(tmp_path, argv, HF_TRAIN_RISING="1", HF_EXPORT_FAULT="full:2",
+                                           HF_FULL_DISK_LEAVE="32768")
+    line = _one_line_error(first.returncode, first.stderr, 4)
     # safetensors removes the file it could not write: the line names the new export's folder
     assert line.startswith(f"train_task.py: error: cannot write {seen / XVNLI_RUN / '.hf_best.partial'}: "), line
     assert ("No space left on device" in line or "File too large" in line) and "MiB free there" in line, line
     assert line.endswith("the previous hf_best (if any) is unchanged"), line
-    export = run / "hf_best"
-    assert _record(export)["epoch"] == 1 and not (run / ".hf_best.old").exists() and not (run / ".hf_best.new").exists()
-    assert status(str(export))["older_than_best"] is True           # pytorch_model_best.bin: epoch 2's
+    assert _record(export)["epoch"] == 0 and status(str(export))["older_than_best"] is True   # best: epoch 1's
 
     data, images = xvnli
     capsys.readouterr()
@@ -217,12 +211,21 @@ def test_kill_between_the_swaps_renames_then_a_full_disk_keep_a_complete_export(
                  "--lang", "en", "--annotations", str(data / "XVNLI/annotations/en/dev.jsonl"), "--images",
                  str(images), "--output_dir", str(tmp_path / "eval"), "--no_progress"]) == 0   # a complete export
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
-    assert len(warnings) == 1 and f"{export} is older than its run's best: it holds the weights of epoch 1" \
+    assert len(warnings) == 1 and f"{export} is older than its run's best: it holds the weights of epoch 0" \
         in warnings[0] and str(run / "pytorch_model_best.bin") in warnings[0], warnings
     results = json.loads((tmp_path / "eval" / "iglue_hf_results.json").read_text())
-    assert results["exports"]["adapter"]["older_than_best"] is True and results["exports"]["adapter"]["epoch"] == 1
+    assert results["exports"]["adapter"]["older_than_best"] is True and results["exports"]["adapter"]["epoch"] == 0
 
-    monkeypatch.setenv("HF_TRAIN_RISING", "1")          # the 3rd run in this process, through the same entry
+    second = _subprocess(resume, tmp_path, HF_TRAIN_RISING="1", HF_EXPORT_FAULT="kill_swap:1")
+    assert second.returncode == -9, second.stderr[-3000:]
+    assert not export.exists()          # the window of a two-rename swap: both exports complete beside it
+    assert _record(run / ".hf_best.old")["epoch"] == 0 and _record(run / ".hf_best.new")["epoch"] == 1
+
+    third, _ = _on_a_disk_that_fills_up(tmp_path, resume, HF_TRAIN_RISING="1", HF_EXPORT_FAULT="full:1")
+    _one_line_error(third.returncode, third.stderr, 4)
+    assert _record(export)["epoch"] == 1 and not (run / ".hf_best.old").exists() and not (run / ".hf_best.new").exists()
+
+    monkeypatch.setenv("HF_TRAIN_RISING", "1")          # the 4th run in this process, through the same entry
     assert _in_process(resume, entry=True) == 0
     assert _record(export)["epoch"] == 2 and status(str(export))["older_than_best"] is False
     assert [p.name for p in run.iterdir() if p.name.startswith(".")] == []
