@@ -160,7 +160,8 @@ def check_fits(path, state: dict, model: nn.Module, origin: dict | None = None) 
     recorded = _origin(state.get("saved_from"))
     source = (f"saved from {recorded}" if recorded else
               "saved by VOLTA" if state.get("format") == "volta" else
-              "saved by an older volta-ml that did not record its model")
+              "saved by an older volta-ml that did not record its model" if "saved_from" not in state else
+              "saved by a job that describes no model")
     this = f"; this run: {_origin(origin)}" if origin else ""
     raise UsageError(f"--resume_file {path}: another model's resume file ({source}{this}): "
                      f"{'; '.join(differences)}")
