@@ -189,9 +189,9 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(tmp_path, models, xvn
                             text=True)
     run = tmp_path / "save" / RUN_NAME
     deadline = time.time() + 180
-    while not (run / "out.txt").exists() and time.time() < deadline:   # out.txt appears once training starts
-        time.sleep(0.05)
-    assert (run / "out.txt").exists(), "training never started"
+    while not (run / "pytorch_ckpt_latest.tar").exists() and time.time() < deadline:   # the initial save comes
+        time.sleep(0.05)                                                                  # right before step 1
+    assert (run / "pytorch_ckpt_latest.tar").exists(), "training never started"
     time.sleep(random.uniform(0.4, 2.0))
     proc.kill()
     proc.communicate()
