@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from volta_ml.engine.failures import UsageError
+from volta_ml.options import SEED, int_at_least
 
 
 def register(subparsers) -> None:
@@ -20,7 +21,7 @@ def register(subparsers) -> None:
     mode.add_argument("--list", action="store_true", help="list the cells and whether each is finished")
     p.add_argument("--only", action="append", default=[], metavar="PREFIX",
                    help="restrict to cells whose id starts with PREFIX (repeatable), e.g. zero_shot/uc2")
-    p.add_argument("--max_cells", type=int, default=None, help="--local: stop after running this many cells")
+    p.add_argument("--max_cells", type=int_at_least(1), default=None, help="--local: stop after running this many cells")
     p.add_argument("--slurm_dir", default=None, help="where to write the scripts (default: <output_dir>/slurm)")
     p.set_defaults(func=cmd_sweep)
 
@@ -43,7 +44,7 @@ def register(subparsers) -> None:
     q.add_argument("--languages", nargs="+", default=None, help="target languages (zero-shot and few-shot)")
     q.add_argument("--shots", nargs="+", default=None)
     q.add_argument("--learning_rates", nargs="+", default=None)
-    q.add_argument("--seeds", nargs="+", type=int, default=None)
+    q.add_argument("--seeds", nargs="+", type=SEED, default=None)
     q.add_argument("--no_english", action="store_true", help="skip the English test")
     how = q.add_mutually_exclusive_group()
     how.add_argument("--local", action="store_true", help="run here (default)")
@@ -56,7 +57,7 @@ def register(subparsers) -> None:
                                           "<model>/<task>/<lang>/<shot>/test.err|out) under RESULTS_DIR.")
     r.add_argument("results_dir")
     r.add_argument("--out", default=None, help="output folder (default: RESULTS_DIR/report)")
-    r.add_argument("--digits", type=int, default=2, help="decimals in Markdown/LaTeX tables")
+    r.add_argument("--digits", type=int_at_least(0), default=2, help="decimals in Markdown/LaTeX tables")
     r.add_argument("--no_plots", action="store_true")
     r.set_defaults(func=cmd_report)
 
