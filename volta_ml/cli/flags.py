@@ -16,7 +16,8 @@ import sys
 import warnings
 
 from volta_ml.data.text import VOLTA_DEFAULT_TOKENIZER
-from volta_ml.options import SEED, float_in, int_at_least, json_object  # noqa: F401 (the flags' types, used here and by every command line)
+# the bounded argparse types, used here and by every command line (imported from here or from volta_ml.options)
+from volta_ml.options import SEED, float_in, int_at_least, json_object  # noqa: F401
 
 
 def backend_options(text: str) -> dict:

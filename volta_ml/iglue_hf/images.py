@@ -113,7 +113,7 @@ def side_by_side(left: Image.Image | None, right: Image.Image | None, gap: int =
     is the blind control's blank image (`hf.loading.blank_image`)."""
     if left is None or right is None:
         from volta_ml.hf.loading import blank_image
-        left, right = left or blank_image(), right or blank_image()
+        left, right = (blank_image() if im is None else im for im in (left, right))
     height = min(left.height, right.height)
     scaled = [im if im.height == height else im.resize((max(1, round(im.width * height / im.height)), height),
                                                        Image.BICUBIC) for im in (left, right)]
