@@ -68,6 +68,10 @@ def register(subparsers) -> None:
     hf.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="fp32")
     hf.add_argument("--device-map", dest="device_map", choices=("auto",), default=None,
                     help="accelerate spreads a model larger than one GPU (then --device is ignored)")
+    hf.add_argument("--allow-adapter-base-mismatch", "--allow_adapter_base_mismatch",
+                    dest="allow_adapter_base_mismatch", action="store_true",
+                    help="mllm: apply an --adapter that records another base model than --model (refused "
+                    "otherwise); the mismatch is recorded in cvqa_results.json (loading_report)")
     hf.add_argument("--allow-missing-keys", "--allow_missing_keys", dest="allow_missing_keys", action="store_true",
                     help="score weights that miss (or add) tensors of the architecture instead of refusing them; "
                     "the keys are recorded in cvqa_results.json (loading_report)")
@@ -196,7 +200,7 @@ def _run_backend(args) -> str | None:
     keys = ("data", "backend", "revision", "conditions", "template", "rule", "model", "model_revision",
             "image_model", "text_base", "dtype", "device", "device_map", "chunk_size", "text_only", "limit",
             "output_dir", "progress", "predictions", "max_side", "max_pixels", "allow_missing_keys", "letter_layout",
-            "letter_spellings", "adapter")
+            "letter_spellings", "adapter", "allow_adapter_base_mismatch")
     thinking = None if args.enable_thinking is None else args.enable_thinking == "true"
     return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8,
                         "enable_thinking": thinking})

@@ -44,6 +44,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch_size", type=int_at_least(1), default=8)
     parser.add_argument("--chunk_size", type=int_at_least(1), default=64, help="items per saved chunk (unit of resume/shard)")
     parser.add_argument("--max_new_tokens", type=int_at_least(1), default=10, help="xgqa generate: answer length limit")
+    parser.add_argument("--allow_adapter_base_mismatch", action="store_true",
+                        help="mllm: apply an --adapter that records another base model than --model (refused "
+                             "otherwise); the mismatch is recorded in iglue_hf_results.json (loading_report)")
     parser.add_argument("--allow_missing_keys", action="store_true",
                         help="score weights that miss (or add) tensors of the architecture instead of refusing "
                              "them; the keys are recorded in iglue_hf_results.json")

@@ -7,7 +7,9 @@ family table, `volta_ml/hf/families.py` (rows with a `projector`).
   stay untouched. Every name must match at least one linear layer there (one-line error otherwise).
 - Everything else is frozen (peft freezes the base model): the vision tower always, the projector unless
   `--train_projector` (then it is trained in full and saved with the adapter, peft's `modules_to_save`).
-- `--hf_adapter DIR` starts from a saved adapter instead (its own r / alpha / targets / projector), trainable.
+- `--hf_adapter DIR` starts from a saved adapter instead (its own r / alpha / targets / projector), trainable, after
+  the checks of every adapter (`hf/loading.attach_adapter`: every tensor loads, the recorded base model is this one
+  unless `--allow_adapter_base_mismatch`).
 """
 from __future__ import annotations
 
@@ -53,14 +55,23 @@ def projector_name(model: nn.Module, fam: Family, what: str) -> str:
     return found[0]
 
 
-def add_lora(model: nn.Module, fam: Family, args, what: str):
-    """The `PeftModel` around `model` (modified in place): a new LoRA from the flags, or `--hf_adapter`'s."""
+def add_lora(model: nn.Module, fam: Family, args, spec):
+    """The `PeftModel` around `model` (loaded from the `ModelSpec` `spec`, modified in place): a new LoRA from the
+    flags, or `--hf_adapter`'s (checked as every adapter is: `hf.loading.attach_adapter`). The adapter's config
+    records `spec` as its base (model and revision)."""
+    import dataclasses
+
     from peft import LoraConfig, get_peft_model
 
     from volta_ml.hf.loading import ModelLoadError, attach_adapter
+    what = spec.model
+    if getattr(args, "allow_adapter_base_mismatch", False) and not args.hf_adapter:
+        raise UsageError("--allow_adapter_base_mismatch: no --hf_adapter to start from")
     if args.hf_adapter:
         try:
-            return attach_adapter(model, args.hf_adapter, trainable=True)
+            return attach_adapter(model, dataclasses.replace(
+                spec, adapter=args.hf_adapter,
+                allow_adapter_base_mismatch=bool(getattr(args, "allow_adapter_base_mismatch", False))), trainable=True)
         except ModelLoadError as error:
             raise UsageError(f"--hf_adapter: {error}") from None
     names = [n.strip() for n in (args.lora_target or ",".join(fam.lora_targets)).split(",") if n.strip()]
@@ -69,4 +80,4 @@ def add_lora(model: nn.Module, fam: Family, args, what: str):
     config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
                         target_modules=lora_targets(model, names, what), bias="none",
                         modules_to_save=[projector_name(model, fam, what)] if args.train_projector else None)
-    return get_peft_model(model, config)
+    return get_peft_model(model, config, revision=spec.revision)

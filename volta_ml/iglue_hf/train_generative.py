@@ -235,7 +235,7 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
             checkpoint_activations(backend.model)
         except ValueError as error:
             raise UsageError(f"--gradient_checkpointing: {error}") from None
-    peft_model = lora.add_lora(backend.model, family, args, spec.model)
+    peft_model = lora.add_lora(backend.model, family, args, spec)
     rule = DEFAULT_RULES[task]
     layout = marvl_layout(backend, "auto") if task == "marvl" else None
     datasets = {}
@@ -253,6 +253,8 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
             f"{json.dumps(peft_model.peft_config['default'].to_dict(), default=str)}\n", encoding="utf-8")
     barrier(info)
     lora_config = peft_model.peft_config["default"]
+    # --allow_adapter_base_mismatch: what the --hf_adapter's recorded base differs in (the summary records it)
+    mismatch = (getattr(backend.model, "volta_loading_report", None) or {}).get("adapter_base_mismatch")
     return TrainJob(
         model=GenerativeForTraining(peft_model, backend), train_dataset=datasets["train"],
         val_dataset=datasets["val"],
@@ -264,6 +266,7 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
         summary={"hf model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
                              + f" ({backend.model.config.model_type}, prompt format: {backend.prompt_format})",
                  "lora": (f"from {args.hf_adapter}: " if args.hf_adapter else "")
+                         + (f"(adapter base mismatch accepted: {mismatch}) " if mismatch else "")
                          + f"r {lora_config.r}, alpha {lora_config.lora_alpha}, dropout {lora_config.lora_dropout}, "
                          f"{len(lora_config.target_modules)} modules; projector "
                          + ("trained" if lora_config.modules_to_save else "frozen") + ", vision tower frozen"
