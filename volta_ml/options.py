@@ -1,7 +1,7 @@
 """Options: the keyword options of the Python entry points (`run_cvqa`, `run_backend`, `run_iglue_hf`: defaults
 filled in, unknown and missing names refused in one line) and the argparse types that bound every numeric flag of
 every command line (`int_at_least`, `float_in`, `SEED`, `json_object`; a value out of range is a usage error,
-exit code 2, naming the flag). Imports nothing from the package, so every layer's command line may use it."""
+exit code 2, one line naming the flag: `OneLineParser`). Imports nothing from the package, so every layer's command line may use it."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +18,15 @@ def complete_options(name: str, given: dict, defaults: dict, required) -> dict:
     if missing:
         raise KeyError(f"{name}: missing required argument(s) {missing}")
     return {**defaults, **given}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors (a bad or missing flag, a value out of range) are one stderr line,
+    `<prog>: error: <message>`, exit code 2, as every other bad input (docs/errors.md): no usage block before it
+    (`--help` prints that). Subcommand parsers inherit the class (`add_subparsers` makes parsers of its type)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def int_at_least(minimum: int, maximum: int | None = None):

@@ -17,7 +17,7 @@ import warnings
 
 from volta_ml.data.text import VOLTA_DEFAULT_TOKENIZER
 # the bounded argparse types, used here and by every command line (imported from here or from volta_ml.options)
-from volta_ml.options import SEED, float_in, int_at_least, json_object  # noqa: F401
+from volta_ml.options import SEED, OneLineParser, float_in, int_at_least, json_object  # noqa: F401
 
 
 def backend_options(text: str) -> dict:
@@ -31,7 +31,7 @@ def backend_options(text: str) -> dict:
     return value
 
 
-class VoltaArgumentParser(argparse.ArgumentParser):
+class VoltaArgumentParser(OneLineParser):
     """argparse with VOLTA-friendly errors. Also usable as a `volta-ml` subcommand parser: set
     `sub.__class__ = VoltaArgumentParser` after `add_parser` (argparse offers no other hook)."""
 

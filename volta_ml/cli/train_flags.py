@@ -92,7 +92,7 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     hf.add_argument("--hf_extra", type=backend_options, default=None, metavar="JSON",
                     help="backend options, as volta-ml iglue-hf --extra: M-CLIP's "
                          '\'{"image_model": ..., "text_base": ...}\'')
-    hf.add_argument("--hf_temperature", type=float_in(0, open_low=True), default=None,
+    hf.add_argument("--hf_temperature", type=float_in(), default=None,
                     help="M-CLIP: fixed InfoNCE temperature (default 0.01: CLIP's final logit scale 100)")
     hf.add_argument("--hf_train_image_tower", action="store_true",
                     help="M-CLIP: train the CLIP image tower too (frozen by default; hf_best/ then holds a copy)")

@@ -6,7 +6,7 @@ import logging
 import signal
 import sys
 
-from volta_ml.options import SEED, int_at_least
+from volta_ml.options import SEED, OneLineParser, int_at_least
 
 DESCRIPTION = """\
 Run the whole volta-ml pipeline for real on a laptop CPU, with nothing downloaded:
@@ -93,7 +93,7 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="volta-ml demo", description=DESCRIPTION,
+    parser = OneLineParser(prog="volta-ml demo", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser)
     return run(parser.parse_args(argv))

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from volta_ml.engine.failures import UsageError
-from volta_ml.options import SEED, int_at_least
+from volta_ml.options import SEED, OneLineParser, int_at_least
 
 
 def register(subparsers) -> None:
@@ -185,8 +185,7 @@ def cmd_report(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m volta_ml.protocols.cli sweep|report ...`: the same commands without loading the other
     areas' subcommands (quick to start, handy in job scripts)."""
-    import argparse
-    parser = argparse.ArgumentParser(prog="python -m volta_ml.protocols.cli")
+    parser = OneLineParser(prog="python -m volta_ml.protocols.cli")
     register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
