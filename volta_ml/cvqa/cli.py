@@ -10,6 +10,8 @@ from volta_ml.engine.failures import UsageError
 from volta_ml.features.detectors.presets import PRESETS
 from volta_ml.hf.base import LETTER_SPELLINGS
 
+from volta_ml.protocols.cli import add_stat_flags
+
 from .backends import BACKENDS, RULES
 from .prompts import CONDITIONS, LETTER_LAYOUTS, TEMPLATES
 
@@ -121,6 +123,10 @@ def register(subparsers) -> None:
                     help="compare the runs of MODEL (as in cvqa_results.json) with the paper's ROW, e.g. "
                     "/models/my-llava=LLaVA-1.5-7B (hub ids of the paper's checkpoints match by themselves)")
     rp.add_argument("--no-plots", dest="plots", action="store_false")
+    rp.add_argument("--baseline", default=None, metavar="LABEL",
+                    help="compare every other run with this one (its label in the tables, e.g. 'LLaVA-1.5-7B (letter)'): "
+                    "baseline_comparison.csv/md/tex")
+    add_stat_flags(rp)
     rp.set_defaults(func=run_report_command)
     cvqa.set_defaults(func=lambda args: cvqa.print_help() or 2)
 
@@ -235,6 +241,8 @@ def run_score_command(args) -> int:
 
 @_clear_errors
 def run_report_command(args) -> int:
+    from volta_ml.protocols.cli import stat_options
+
     from .collect import data_revisions, load_runs
     from .paper import MODELS
     from .paper_report import write_paper_report
@@ -247,7 +255,8 @@ def run_report_command(args) -> int:
         aliases[model] = row
     runs = load_runs(args.dirs, aliases)
     files = write_paper_report(runs, args.out, digits=args.digits, plots=args.plots,
-                               data_revisions=data_revisions(runs))
+                               data_revisions=data_revisions(runs), options=stat_options(args),
+                               baseline=args.baseline)
     print(f"{len(runs)} run(s) -> {len(files)} files in {args.out}")
     for run in runs:
         print(f"  {run.label:32s} {run.backend:7s} {', '.join(run.conditions)}"

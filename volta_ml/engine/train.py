@@ -33,7 +33,7 @@ from volta_ml.engine import checkpointing as ckpt
 from volta_ml.engine.distributed import DistInfo, all_reduce_sum, gather_objects, barrier
 from volta_ml.engine.failures import UsageError
 from volta_ml.engine.optim import build_optimizer, build_scheduler, freeze_fixed_layers, schedule_lengths
-from volta_ml.engine.evaluate import as_tensor, evaluate, move_to_device
+from volta_ml.engine.evaluate import as_tensor, evaluate, loss_and_count, move_to_device
 from volta_ml.engine.train_support import (NonFiniteLoss, Precision, Preempted, PreemptionFlag, train_loader,
                                            val_loader)
 
@@ -54,8 +54,8 @@ class TrainJob:
     fixed_layers: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)  # extra lines for the start summary
     # rank 0, after pytorch_model_best.bin is written: export the bare model in another format too
-    # (the HF dual encoders' save_pretrained folder, volta_ml/iglue_hf/train.py)
-    on_best_saved: Callable[[nn.Module], None] | None = None
+    # (the HF models' hf_best/ folder, volta_ml/iglue_hf/train.py), told which weights these are (SavedBest)
+    on_best_saved: Callable[[nn.Module, "SavedBest"], None] | None = None
     # pretraining (volta_ml/pretrain): (log label, TensorBoard key) of each loss part forward_and_loss sums
     loss_parts: tuple[tuple[str, str], ...] = ()
     # the optimizer's parameter groups (a group may carry its own "lr"); default: decay / no decay
@@ -65,6 +65,18 @@ class TrainJob:
     # the training set is this rank's own part (VOLTA's training_feat_part_<rank>.lmdb): not sharded again;
     # every rank's part must give the same number of batches
     rank_shard: bool = False
+    # what the model is (plain strings: model, LoRA rank and targets, ...): recorded in the resume file as
+    # `saved_from`, and named when a resume file does not fit the model
+    origin: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SavedBest:
+    """What `TrainJob.on_best_saved` is told about the weights just saved as `pytorch_model_best.bin`."""
+    checkpoint: Path        # <run dir>/pytorch_model_best.bin
+    epoch: int              # the epoch whose validation (at its end, or a mid-epoch point) made them the best
+    global_step: int        # optimizer steps taken
+    score: float            # that validation score (a fraction)
 
 
 @dataclass
@@ -144,7 +156,7 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
     resumed = bool(args.resume_file) and os.path.exists(args.resume_file)
     if resumed:
         global_step, start_epoch, start_micro, best = _resume(args.resume_file, model, optimizer, scheduler,
-                                                              precision, info)
+                                                              precision, info, job.origin)
     trainable = [p for p in model.parameters() if p.requires_grad]
     ddp = info.world_size > 1
     if ddp:
@@ -166,14 +178,20 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
             ckpt.save_latest(latest_path, model=model, optimizer=optimizer, scheduler=scheduler,
                              scaler=precision.scaler, global_step=global_step, epoch_id=epoch_done,
                              resume_epoch=next_epoch, resume_micro_step=next_micro, best_score=best,
-                             rng_states=rng, pending_grads=grads)
+                             rng_states=rng, pending_grads=grads, saved_from=job.origin)
         barrier(info)
 
     def save_bin(tag) -> None:
         if info.is_main:
             ckpt.save_model_bin(model, job.run_dir / f"pytorch_model_{tag}.bin")
-            if tag == "best" and job.on_best_saved is not None:
-                job.on_best_saved(ckpt.unwrap(model))
+
+    def save_best(tag, epoch: int) -> None:
+        """pytorch_model_<tag>.bin and pytorch_model_best.bin, then the job's export of the same weights."""
+        save_bin(tag)
+        save_bin("best")
+        if info.is_main and job.on_best_saved is not None:
+            job.on_best_saved(ckpt.unwrap(model), SavedBest(job.run_dir / "pytorch_model_best.bin", epoch,
+                                                            global_step, best))
 
     width = len(job.loss_parts) or 1   # entries of the score (or of the loss parts) forward_and_loss returns
     steps_per_epoch = -(-micro_per_epoch // grad_acc)
@@ -257,6 +275,7 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
                 with sync:
                     with precision.autocast():
                         loss, score_sum, n_examples, _ = job.forward_and_loss(model, batch_data, job.task_id)
+                        loss = loss_and_count(loss, n_examples)[0]
                     precision.scaler.scale(loss / grad_acc if grad_acc > 1 else loss).backward()
                 loss_value = loss.detach().double()
                 step_loss += loss_value
@@ -317,8 +336,7 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
                     model.train()
                     if score > best:
                         best = score
-                        save_bin(iter_id)
-                        save_bin("best")
+                        save_best(iter_id, epoch)
             bar.close()
             if info.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -336,8 +354,7 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
             pending = micro_per_epoch % grad_acc != 0  # VOLTA carries leftover gradients over
             if score > best:
                 best = score
-                save_bin(epoch)
-                save_bin("best")
+                save_best(epoch, epoch)
             elif not args.save_best_only and (epoch + 1) % args.save_every_num_epochs == 0:
                 save_bin(epoch)
             save_latest(epoch, epoch + 1, 0, pending=pending)
@@ -355,8 +372,9 @@ def _peer_signal() -> int:
     return int(signal.SIGTERM)  # only another rank was signalled; report it as SIGTERM
 
 
-def _resume(path, model, optimizer, scheduler, precision, info) -> tuple[int, int, int, float]:
+def _resume(path, model, optimizer, scheduler, precision, info, origin: dict) -> tuple[int, int, int, float]:
     state = ckpt.load_latest(path)
+    ckpt.check_fits(path, state, model, origin)
     model.load_state_dict(state["model_state_dict"])
     if state["format"] == "volta":
         logger.warning("%s was written by VOLTA: only weights, step, epoch and best score are restored; "

@@ -6,9 +6,12 @@ under the image root, scores with the backend (dual encoders: retrieval; generat
 sharded over ranks and resumable by chunks, and writes on rank 0:
 - `iglue_hf_results.json`: metrics, rule, prompts version, the rendered prompt of the first example, MaRVL's
   image layout, backend spec, timing, `failed_images` (image files that failed to decode, each with the reason:
-  their examples were scored without that image, as `cvqa score` does; one stderr line says so);
+  their examples were scored without that image, as `cvqa score` does; one stderr line says so), and for a
+  training run's `hf_best/` which best it holds (`exports`);
 - `predictions.jsonl` (generative) or eval_retrieval's `<split>_result.json`, `<split>_others.json`,
   `<split>_scores.npy`, `<split>_retrieval.json` (retrieval);
+- `<split>_items.jsonl`: each item's score (or each query's recall hits; volta_ml/stats.py), for the report's
+  confidence intervals and `volta-ml compare`;
 - `result.json` (unless `record=False`): the record `volta-ml report` places into IGLUE's CSVs;
 - the zoo's log lines, so a sweep cell's record step reads the score the same way: `Validation [<Title>]:
   loss 0.000 score <acc> ` on stderr (XVNLI, MaRVL), the bare accuracy as the last stdout line (xGQA), the two
@@ -26,6 +29,7 @@ from volta_ml.atomic import atomic_write_json
 from volta_ml.digest import content_fingerprint, file_digest, stat_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
+from volta_ml.hf.export import status as export_status
 from volta_ml.hf.loading import loading_report
 from volta_ml.hf.photos import failure_line
 from volta_ml.options import complete_options
@@ -139,6 +143,9 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         accepted = loading_report(backend)
         if accepted:      # --allow_missing_keys, --allow_adapter_base_mismatch: what was accepted at load
             results["loading_report"] = accepted
+        exports = {key: found for key in ("model", "adapter") if (found := export_status(opts[key]))}
+        if exports:       # a training run's hf_best: which best it holds, and whether the run has a newer one
+            results["exports"] = exports
         results["examples_per_second"] = round(results["n_examples"] / max(seconds, 1e-9), 3)
         atomic_write_json(out_dir / "iglue_hf_results.json", results, indent=1, ensure_ascii=False)
         if results["failed_images"]:
@@ -149,6 +156,7 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
                 "id": f"iglue_hf/{results['model']}/{task}/{lang}/{PROTOCOLS[protocol]}",
                 "stage": PROTOCOLS[protocol], "protocol": PROTOCOLS[protocol], "model": results["model"],
                 "task": task, "lang": lang, "shot": None, "lr": None, "seed": None, "metrics": result["metrics"],
+                "items": f"{split}_items.jsonl",
                 "backend": opts["backend"], "rule": rule, "status": "done",
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
         if not opts["keep_chunks"]:
