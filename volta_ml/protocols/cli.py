@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from volta_ml.engine.failures import UsageError
-from volta_ml.options import SEED, OneLineParser, int_at_least
+from volta_ml.options import SEED, OneLineParser, float_in, int_at_least
 
 
 def register(subparsers) -> None:
@@ -76,11 +76,11 @@ def add_stat_flags(parser) -> None:
     g.add_argument("--intervals", choices=("pm", "brackets", "none"), default="pm",
                    help="Markdown/LaTeX cells: pm = `56.30 ± 1.20` (half the interval), brackets = "
                    "`56.30 [55.10, 57.50]`, none = the value only")
-    g.add_argument("--confidence", type=float, default=stats.CONFIDENCE, help="interval level (default 0.95)")
-    g.add_argument("--resamples", type=int, default=stats.N_RESAMPLES, help="bootstrap resamples (default %(default)s)")
-    g.add_argument("--permutations", type=int, default=stats.N_PERMUTATIONS,
+    g.add_argument("--confidence", type=float_in(), default=stats.CONFIDENCE, help="interval level (default 0.95)")
+    g.add_argument("--resamples", type=int_at_least(1), default=stats.N_RESAMPLES, help="bootstrap resamples (default %(default)s)")
+    g.add_argument("--permutations", type=int_at_least(1), default=stats.N_PERMUTATIONS,
                    help="sign patterns of the paired permutation test (default %(default)s; exact below 2^n)")
-    g.add_argument("--bootstrap_seed", type=int, default=stats.SEED, help="seed of the resampling (default 0)")
+    g.add_argument("--bootstrap_seed", type=SEED, default=stats.SEED, help="seed of the resampling (default 0)")
     g.add_argument("--method", choices=("percentile", "BCa"), default="percentile",
                    help="scipy.stats.bootstrap's interval method (default percentile)")
 
