@@ -57,6 +57,7 @@ REAL = {
     "cohere2-vision": ((8192, 22528, 64, 64, 128, 256000), (1152, 3072, 12)),  # Cohere2VisionConfig
     "molmo2": ((4096, 12288, 32, 8, 128, 151936), (1152, 4304, 16)),           # Molmo2Config (Molmo2-8B)
     "qwen3-vl-moe": ((2048, 5632, 16, 16, 128, 151936), (1152, 4304, 16)),     # Qwen3VLMoeConfig
+    "fuyu": ((4096, 16384, 64, 64, 64, 262144), None),   # FuyuConfig (Fuyu-8B): patches projected into the LM
 }
 PROMPT = ("Location: Brazil. Question: which traditional food is shown in this picture of the market? Options: "
           "A. rice and beans B. a fish stew C. cheese bread D. grilled meat Short Answer:")
@@ -65,8 +66,8 @@ PROMPT = ("Location: Brazil. Question: which traditional food is shown in this p
 def widen(cfg, family: str) -> None:
     """The config at the real widths of `family` (the test model's layers kept: 2, Gemma 4 3 with its last sharing
     the KV of another; derived sizes follow)."""
-    (hidden, inter, heads, kv, head_dim, vocab), (v_hidden, v_inter, v_heads) = REAL[family]
-    text, vision = cfg.get_text_config(), cfg.vision_config
+    (hidden, inter, heads, kv, head_dim, vocab), vision_widths = REAL[family]
+    text, vision = cfg.get_text_config(), getattr(cfg, "vision_config", None)
     text.hidden_size, text.intermediate_size, text.num_attention_heads = hidden, inter, heads
     text.num_key_value_heads, text.head_dim, text.vocab_size = kv, head_dim, vocab
     text.num_hidden_layers = len(getattr(text, "layer_types", None) or [0, 0])   # the test model's (2; Gemma 4: 3)
@@ -76,6 +77,9 @@ def widen(cfg, family: str) -> None:
     if "mrope_section" in rope:           # the sections split the rotary half-dimension (partial rotary: a part)
         half = int(head_dim * rope.get("partial_rotary_factor", 1.0)) // 2
         rope["mrope_section"] = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
+    if vision_widths is None:                 # no vision tower (Fuyu: a linear patch projection to `hidden`)
+        return
+    v_hidden, v_inter, v_heads = vision_widths
     if family == "qwen2-vl":                  # vision width is embed_dim; hidden_size is the merger's output
         vision.embed_dim, vision.hidden_size, vision.num_heads = v_hidden, hidden, v_heads
     else:

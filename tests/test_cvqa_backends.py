@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -306,9 +307,9 @@ def test_backend_result_folders_feed_the_paper_report(release, tmp_path, fakes):
     assert main(["cvqa", "report", str(tmp_path / "runs"), "--out", str(tmp_path / "report"), "--no-plots"]) == 0
     report = (tmp_path / "report" / "cvqa_paper_report.md").read_text()
     opened = json.loads((tmp_path / "runs" / "open" / "cvqa_results.json").read_text())
-    assert "| gpt4o | import | - | - | 100.00 |" in report
+    assert "| gpt4o | import | - | - | 100.00 ± 0.00 |" in report       # the cell with its 95% interval
     micro = f"{opened['runs']['en-aware']['micro']:.2f}"
-    assert f"| llava (open) | mllm | open | - | {micro} |" in report
+    assert re.search(rf"\| llava \(open\) \| mllm \| open \| - \| {re.escape(micro)} ± [0-9.]+ \|", report)
     normalised = f"{opened['variants']['length_normalised']['en-aware']['micro']:.2f}"
     assert f"| llava (open) length_normalised | mllm | open | - | {normalised} |" in report
 
