@@ -522,3 +522,9 @@ def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
     assert (row["A"], row["B"]) == ("vlm (generate)", "vlm (letter)")
     assert (float(row["difference"]), float(row["ci_low"]), float(row["p_value"])) == \
         (expected.difference, expected.low, expected.p_value)
+    # no score without its interval but the published rows' (no items) and p-values
+    from helpers_report_cells import bare_cells
+    published = {r.split(",")[0] for name in ("MTVQA", "M3Exam", "Kaleidoscope", "XM3600_retrieval_ir_r1",
+                                              "XM3600_retrieval_tr_r1", "suite_summary")
+                 for r in (report / f"{name}.csv").read_text().splitlines() if "(published)" in r}
+    assert bare_cells(report, exempt_columns=("p",), exempt_rows=published) == []
