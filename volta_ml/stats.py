@@ -25,8 +25,9 @@ constant of every resample; a cell whose items are all equal has the interval [v
 Paired comparisons (`paired_test`, `compare_items`)
 ---------------------------------------------------
 The difference `a - b` of the same statistic on the same items (each side's value with its own `interval` over
-those items, as a table cell shows it), with a paired (stratified) bootstrap interval of the difference (the bootstrap of the per-item differences, drawn as `interval` draws; for a mean the same as
-resampling the pairs) and a two-sided p-value from a paired permutation test: under the null hypothesis each
+those items, as a table cell shows it), with a paired (stratified) bootstrap interval of the difference (the
+bootstrap of the per-item differences, drawn as `interval` draws; for a mean the same as resampling the pairs)
+and a two-sided p-value from a paired permutation test: under the null hypothesis each
 item's two values are exchangeable, so the sign of its difference flips (`sign_flip_p_value`): exact over all 2^n
 sign patterns when 2^n <= `n_permutations`, otherwise approximate randomisation with `n_permutations` random
 patterns and p = (k + 1) / (n_permutations + 1). (`scipy.stats.permutation_test(permutation_type="samples")` is

@@ -210,16 +210,22 @@ def build_tables(records: list[dict]) -> list[tuple[str, Table]]:
     return out
 
 
-def auc_table(agg: dict, task: str, metric: str) -> tuple[list[str], dict[str, dict[str, float]]] | None:
-    """model -> lang -> few-shot AUC over the shots that have a score."""
+def few_shot_curves(by_cell: dict, task: str, metric: str) -> dict:
+    """model -> lang -> [(shot count, what `by_cell` holds for that shot: a score, or the records)]; `by_cell` is
+    keyed (protocol, task, metric, shot) -> model -> lang, as `aggregate` and `grouped` are."""
     curves: dict = defaultdict(lambda: defaultdict(list))
-    for (protocol, t, m, shot), models in agg.items():
+    for (protocol, t, m, shot), models in by_cell.items():
         if protocol == "few_shot" and t == task and m == metric:
             for model, langs in models.items():
                 for lang, v in langs.items():
                     curves[model][lang].append((shot_count(shot), v))
+    return curves
+
+
+def auc_table(agg: dict, task: str, metric: str) -> tuple[list[str], dict[str, dict[str, float]]] | None:
+    """model -> lang -> few-shot AUC over the shots that have a score."""
     values = {model: {l: a for l, pts in langs.items() if (a := auc(pts)) is not None}
-              for model, langs in curves.items()}
+              for model, langs in few_shot_curves(agg, task, metric).items()}
     values = {m: v for m, v in values.items() if v}
     return values or None
 
@@ -234,14 +240,8 @@ def auc_stats(cells: dict, task: str, metric: str, targets: list[str], files: It
     seeds as a cell's are): the interval bootstraps those (every shot must have scored the same items; else no
     interval, with the reason). `avg` (the AUC table's, over `targets`, only where the model has them all) and
     `mean` (the summary's, over the model's languages) resample within each language."""
-    curves: dict = defaultdict(lambda: defaultdict(list))
-    for (protocol, t, m, shot), models in cells.items():
-        if protocol == "few_shot" and t == task and m == metric:
-            for model, langs in models.items():
-                for lang, recs in langs.items():
-                    curves[model][lang].append((shot_count(shot), recs))
     out: dict[tuple[str, str], CellStats] = {}
-    for model, langs in curves.items():
+    for model, langs in few_shot_curves(cells, task, metric).items():
         per_lang: dict[str, dict | None] = {}
         for lang, points in langs.items():
             value = auc([(x, float(np.mean([float(r["metrics"][metric]) for r in recs]))) for x, recs in points])

@@ -206,7 +206,8 @@ class CellComparison:
         r = self.result
         if r is None:
             return [self.table, self.column, self.a, self.b, "–", "–", "–", "–", "–", self.note]
-        return [self.table, self.column, self.a, self.b, r.side_text("A", digits, style), r.side_text("B", digits, style),
+        return [self.table, self.column, self.a, self.b, r.side_text("A", digits, style),
+                r.side_text("B", digits, style),
                 f"{r.difference:+.{digits}f} [{r.low:+.{digits}f}, {r.high:+.{digits}f}]", f"{r.p_value:.4f}",
                 str(r.n), "; ".join(x for x in (r.missing_text(), self.note) if x)]
 
