@@ -104,18 +104,21 @@ def restore_rng_state(state: dict) -> None:
 
 def save_latest(path: str | os.PathLike, *, model, optimizer, scheduler, scaler, global_step: int,
                 epoch_id: int, resume_epoch: int, resume_micro_step: int, best_score: float,
-                rng_states: list[dict], pending_grads: dict | None = None) -> None:
+                rng_states: list[dict], pending_grads: dict | None = None, sharded: dict | None = None) -> None:
     """Write `pytorch_ckpt_latest.tar`.
 
     `epoch_id` is the last finished epoch (VOLTA's meaning, -1 before the first);
     (`resume_epoch`, `resume_micro_step`) is where the data loader continues.
     `rng_states` holds one entry per rank. `pending_grads` are gradients accumulated by
     micro-batches that did not reach an optimizer step yet (VOLTA carries them over).
+    `sharded` (an FSDP run, `engine/sharding.py`): the model, optimizer and pending gradients are in the folder it
+    names (`model` and `optimizer` are then None), with what is needed to rebuild them (plain values).
     """
     state = {
         "format": FORMAT,
-        "model_state_dict": {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()},
-        "optimizer_state_dict": optimizer.state_dict(),
+        "model_state_dict": ({k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
+                             if model is not None else {}),
+        "optimizer_state_dict": optimizer.state_dict() if optimizer is not None else None,
         "scheduler_state_dict": scheduler.state_dict(),
         "scaler_state_dict": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
         "global_step": int(global_step),
@@ -126,6 +129,8 @@ def save_latest(path: str | os.PathLike, *, model, optimizer, scheduler, scaler,
         "rng_states": rng_states,
         "pending_grads": {k: v.detach().cpu() for k, v in (pending_grads or {}).items()},
     }
+    if sharded is not None:
+        state["sharded"] = sharded
     atomic_torch_save(state, path)
 
 

@@ -42,12 +42,14 @@ from torch.utils.data import Dataset
 
 from volta_ml.engine.distributed import DistInfo, barrier, gather_with_grad
 from volta_ml.engine.failures import UsageError
+from volta_ml.engine.sharding import gather_full_state
 from volta_ml.engine.task_job import resolve_hyperparameters
 from volta_ml.engine.train import TrainJob
 
 from .contrastive import (LOSSES, DualEncoderForTraining, TrainableDualEncoder, enable_gradient_checkpointing,
                           pair_loss)
 from .data import RetrievalData, read_retrieval
+from .finetune import shard_units
 from .images import DEFAULT_TEMPLATES, ImageSource
 
 logger = logging.getLogger("volta_ml.train")
@@ -253,8 +255,8 @@ def load_trainable(spec, loss: str, args) -> TrainableDualEncoder:
     except ModelLoadError as error:
         raise UsageError(str(error)) from None
 
-    def save(folder: Path) -> None:
-        hf_model.save_pretrained(folder)
+    def save(folder: Path, state: dict) -> None:
+        hf_model.save_pretrained(folder, state_dict={k.removeprefix("hf."): v for k, v in state.items()})
         processor.save_pretrained(folder)
 
     text_config = getattr(hf_model.config, "text_config", hf_model.config)
@@ -277,6 +279,14 @@ def export_atomically(run_dir: Path, write) -> None:
         final.rename(old)
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def export_dual_encoder(module, model: TrainableDualEncoder, run_dir: Path) -> None:
+    """`<run dir>/hf_best` from the trained module's whole state (gathered: under --sharding fsdp every rank calls
+    this, rank 0 writes)."""
+    state = gather_full_state(module)
+    if state is not None:
+        export_atomically(run_dir, lambda folder: model.save(folder, state))
 
 
 # --- the job -----------------------------------------------------------------------------------------------------
@@ -321,7 +331,8 @@ def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
         forward_and_loss=functools.partial(forward_and_loss, loss=loss, info=info),
         task_id=task_id, task_name=entry["name"], run_dir=run_dir, tb_dir=Path(args.logdir) / name,
         collate_fn=collate,
-        on_best_saved=lambda _module: export_atomically(run_dir, model.save),
+        on_best_saved=lambda module: export_dual_encoder(module, model, run_dir),
+        shard_units=shard_units,
         summary={"hf model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
                              + f" ({model.family}, {loss} loss"
                              + (f", gradient checkpointing in {', '.join(checkpointed)}" if checkpointed else "") + ")",
