@@ -118,9 +118,15 @@ def _caption(rng: np.random.Generator, min_words: int = 4, max_words: int = 14) 
     return " ".join(rng.choice(WORDS, size=int(rng.integers(min_words, max_words + 1))))
 
 
-def write_td_lmdb(path: Path, records: list[dict]) -> Path:
-    """VOLTA's CC records (lists, in `CC_FIELDS` order) into a td-LMDB, as tensorpack's LMDBSerializer does."""
+def write_td_lmdb(path: Path, records: list[dict], single_file: bool = False) -> Path:
+    """VOLTA's CC records (lists, in `CC_FIELDS` order) into a td-LMDB, as tensorpack's LMDBSerializer does;
+    `single_file`: in LMDB's one-file layout (`subdir=False`, what `LMDBSerializer.save` writes to a new path),
+    written with plain lmdb + msgpack-numpy calls (`volta_ml.testing.legacy_layouts`), not the project's writer."""
     from volta_ml.features.td_lmdb import TdLmdbWriter
+
+    if single_file:
+        from volta_ml.testing.legacy_layouts import write_td_lmdb as write_plain
+        return Path(write_plain(path, [[record[name] for name in CC_FIELDS] for record in records], subdir=False))
 
     writer = TdLmdbWriter(str(path), overwrite=True)
     try:

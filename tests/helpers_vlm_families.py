@@ -582,6 +582,28 @@ def build_molmo2(out: Path) -> Path:
     return _save(model, proc, out)
 
 
+# ---- Fuyu (Persimmon LM; no chat template and no image encoder: the processor itself writes the image as rows of
+# |SPEAKER| patch tokens + |NEWLINE|, then BOS, the prompt and "<0x04>" (beginning of answer); SentencePiece-like with
+# the image tokens as vocabulary pieces, as the real tokenizer: its split after BOS drops a leading "▁") ----------------
+def build_fuyu(out: Path) -> Path:
+    import json
+
+    import transformers as tf
+    from tokenizers import models as tok_models
+    base = _sentencepiece(["<unk>", "<s>", "|ENDOFTEXT|"], bos="<s>")
+    vocab = [tuple(v) for v in json.loads(base.to_str())["model"]["vocab"]]
+    base.model = tok_models.Unigram(vocab + [(p, 0.0) for p in ("|SPEAKER|", "|NEWLINE|", "<0x04>")], unk_id=0,
+                                    byte_fallback=False)
+    tok = _fast(base, bos_token="<s>", eos_token="|ENDOFTEXT|", unk_token="<unk>")
+    text = dict(model_type="persimmon", **_text(tok, qk_layernorm=True, partial_rotary_factor=0.5))
+    text.pop("num_key_value_heads")
+    cfg = tf.FuyuConfig(text_config=text, patch_size=8, num_channels=3,
+                        image_token_id=tok.convert_tokens_to_ids("|SPEAKER|"))
+    ip = tf.FuyuImageProcessor(size={"height": 32, "width": 32}, patch_size={"height": 8, "width": 8})
+    torch.manual_seed(38)
+    return _save(tf.FuyuForCausalLM(cfg), tf.FuyuProcessor(image_processor=ip, tokenizer=tok), out)
+
+
 # ---- Llama 4 (fails inside transformers 5.24's own forward: for the one-line refusal) ----------------------------
 LLAMA4_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|header_start|>{{ m['role'] }}<|header_end|>\n\n"
                    + _content("<|image|>") + "<|eot|>{% endfor %}"
@@ -631,6 +653,8 @@ FAMILIES = {
     "cohere2-vision": build_cohere2_vision,
     "molmo2": build_molmo2,
     "qwen3-vl-moe": build_qwen3_vl_moe,
+    # a processor that places the image tokens, BOS and its answer marker itself (no chat template)
+    "fuyu": build_fuyu,
 }
 # a family tested again with the chat template's switch set (the folder of the family named first)
 VARIANTS = {"qwen3.5-nothink": ("qwen3.5", {"enable_thinking": False})}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -135,7 +136,9 @@ def test_table3_every_cell_paper_column_and_difference(out):
     assert table["LLaVA-1.5-7B (letter)"]["EN macro"] == "69.4444" and table["CLIP"]["rule"] == "-"
     assert table["ctrl_xuniter.bin"]["backend"] == "zoo" and table["ctrl_xuniter.bin"]["paper model"] == "-"
     md = (out / "table3_overall.md").read_text()
-    assert "| LLaVA-1.5-7B (letter) | mllm | letter | LLaVA-1.5-7B | 70.00 | 48.90 | 21.10 | 20.00 | 36.50 | -16.50 |" in md
+    # our accuracies with their intervals (± half the width), the paper's numbers and the differences without
+    assert re.search(r"\| LLaVA-1\.5-7B \(letter\) \| mllm \| letter \| LLaVA-1\.5-7B \| 70\.00 ± \d+\.\d\d \| 48\.90 \| "
+                     r"21\.10 \| 20\.00 ± \d+\.\d\d \| 36\.50 \| -16\.50 \|", md)
     tex = (out / "table3_overall.tex").read_text()
     assert r"\begin{tabular}{llllrrrrrrrrrr}" in tex and r"LLaVA-1.5-7B (letter) & mllm & letter" in tex
 
@@ -265,3 +268,47 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
         assert main(["cvqa", "report", *map(str, args), "--out", str(tmp_path / "r")]) == 2
         stderr = capsys.readouterr().err
         assert len(stderr.strip().splitlines()) == 1 and message in stderr, stderr
+
+
+def test_intervals_format_errors_and_a_baseline_equal_to_compare(tmp_path, capsys):
+    """Every accuracy with its interval (questions resampled within their pair), the generate rule's unparsed
+    answers per prompt, and `--baseline`'s table with the numbers `volta-ml compare` prints."""
+    from volta_ml import stats
+    from volta_ml.cli import main
+
+    write_folder(tmp_path / "runs" / "letter", *FOLDERS["llava_letter"])
+    generate = tmp_path / "runs" / "generate"
+    write_folder(generate, "mllm", "/models/other-llava", "generate", {"en-aware": {0, 1, 2, 3, 4, 5},
+                                                                       "loc-aware": {0, 1}}, False)
+    path = generate / "predictions_en-aware.csv"
+    lines = path.read_text().splitlines()
+    for row in (9, 10):                                  # questions 8 and 9: answers that named no option
+        lines[row] = ",".join([lines[row].split(",")[0], "-1"] + lines[row].split(",")[2:])
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "report"
+    assert main(["cvqa", "report", str(tmp_path / "runs"), "--out", str(out), "--no-plots",
+                 "--baseline", "LLaVA-1.5-7B (letter)"]) == 0
+    table3 = {r["model"]: r for r in rows(out / "table3_overall.csv")}
+    pairs = [q.country + "-" + q.language for q in QUESTIONS]
+    right = np.array([100.0 * (i in FOLDERS["llava_letter"][3]["en-aware"]) for i in range(10)])
+    iv = stats.interval(right, pairs)
+    row = table3["LLaVA-1.5-7B (letter)"]
+    assert (number(row["EN ci_low"]), number(row["EN ci_high"])) == (round(iv.low, 4), round(iv.high, 4))
+    macro = stats.interval(right, pairs, average="macro")
+    assert number(row["EN macro ci_high"]) == round(macro.high, 4) and row["EN paper"] == "48.9"
+    assert "EN paper ci_low" not in row                   # the paper's numbers and differences have none
+    errors = {r["prompt"]: r for r in rows(out / "format_errors.csv")}
+    assert set(errors) == {"en-aware", "loc-aware"} and errors["en-aware"]["model"] == "other-llava (generate)"
+    assert number(errors["en-aware"]["format errors"]) == 20.0 and number(errors["loc-aware"]["format errors"]) == 0.0
+    baseline = {(r["prompt"], r["average"]): r for r in rows(out / "baseline_comparison.csv")}
+    capsys.readouterr()
+    assert main(["compare", str(generate), str(tmp_path / "runs" / "letter"), "--out", str(tmp_path / "c")]) == 0
+    assert "| cvqa | en-aware micro | other-llava (generate) | LLaVA-1.5-7B (letter) |" in capsys.readouterr().out
+    compared = rows(tmp_path / "c" / "cvqa_compare.csv")
+    assert [r["column"] for r in compared] == ["en-aware micro", "en-aware macro", "loc-aware micro", "loc-aware macro"]
+    for r in compared:
+        mine = baseline[tuple(r["column"].split())]
+        assert mine["A"] == r["A"] and mine["B"] == r["B"] and mine["paired questions"] == r["paired_items"]
+        for ours, theirs in (("A − B", "difference"), ("A − B ci_low", "ci_low"), ("A − B ci_high", "ci_high")):
+            assert number(mine[ours]) == round(float(r[theirs]), 4)
+        assert mine["p"] == f"{float(r['p_value']):.4f}"

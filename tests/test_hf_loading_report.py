@@ -102,3 +102,26 @@ def test_every_backend_checks_its_weights(models, tmp_path):
         load_backend("mclip", ModelSpec(str(cut), extra=extra))
     backend = load_backend("mclip", ModelSpec(str(cut), extra=extra, allow_missing_keys=True))
     assert loading_report(backend)["text"]["missing_keys"] == dropped
+
+
+def test_a_config_whose_sizes_differ_from_the_weights_is_one_line_naming_the_tensor(models, tmp_path, capsys):
+    """#35: a config.json whose sizes are not the weights' (was: transformers' RuntimeError naming no tensor) is one
+    line naming the first tensor and both shapes, refused even with --allow_missing_keys (the config does not
+    describe the weights: a model built from it would run on reinitialised tensors)."""
+    folder = tmp_path / "llava-config"
+    shutil.copytree(models["llava"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"]["intermediate_size"] = 48                       # the weights' MLPs are 64 wide
+    (folder / "config.json").write_text(json.dumps(config))
+    release = write_release(tmp_path / "cvqa", "latest")
+    argv = ["cvqa", "score", "--backend", "mllm", "--model", str(folder), "--data", str(release), "--output_dir",
+            str(tmp_path / "out"), "--device", "cpu", "--no-progress", "--conditions", "en-aware", "--no-text-only",
+            "--limit", "2"]
+    for extra in ([], ["--allow_missing_keys"]):
+        assert main(argv + extra) == 2
+        err = capsys.readouterr().err
+        lines = error_lines(err)
+        assert len(lines) == 1 and "Traceback" not in err and "LOAD REPORT" not in err
+        assert lines[0] == (f"volta-ml cvqa: error: {folder}: tensor model.language_model.layers.0.mlp.down_proj.weight "
+                            "has shape [32, 64] in the weights, [32, 48] in a generative image-text model built from "
+                            "its config.json (and 5 more tensors): the config does not describe these weights")

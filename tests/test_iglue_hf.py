@@ -22,6 +22,7 @@ from volta_ml.iglue_hf.prompts import OPTIONS, letter_choices, user_turn
 from volta_ml.iglue_hf.run import annotation_path, run_iglue_hf
 from volta_ml.iglue_hf.scoring import normalise_answer
 from volta_ml.iglue_hf.tasks import BackendTaskError
+from volta_ml.stats import metric_values, read_items
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def reference_accuracy(backend, task, rule, examples, source, layout=None, vocab
     return 100.0 * correct / len(examples)
 
 
-@pytest.mark.parametrize("rule", ["letter", "likelihood"])
+@pytest.mark.parametrize("rule", ["letter", "likelihood", "generate"])
 @pytest.mark.parametrize("protocol", ["zero-shot", "translate-test"])
 def test_xvnli_scores_equal_direct_computation(world, tmp_path, capsys, rule, protocol):
     backend = FakeGenerative()
@@ -95,6 +96,14 @@ def test_xvnli_scores_equal_direct_computation(world, tmp_path, capsys, rule, pr
     assert record["protocol"] == protocol.replace("-", "_") and record["model"] == "fake-model"
     rows = [json.loads(l) for l in (tmp_path / "predictions.jsonl").read_text().splitlines()]
     assert len(rows) == len(examples) == 24 and not (tmp_path / "test_ar_chunks").exists()
+    # the per-item file of the intervals: one row per example, named as the zoo names it, averaging to the score
+    split = "test_ar" + ("_mt" if protocol == "translate-test" else "")
+    assert record["items"] == f"{split}_items.jsonl"
+    items = read_items(tmp_path / record["items"])
+    assert list(items) == [e.id for e in examples]
+    for metric in result["metrics"]:            # score, and the generate rule's parse_failure_rate
+        assert np.mean([v[metric] for v in items.values()]) == pytest.approx(result["metrics"][metric])
+    assert ("parse_failure_rate" in result["metrics"]) == (rule == "generate")
 
 
 @pytest.mark.parametrize("rule", ["generate", "closed"])
@@ -180,6 +189,12 @@ def test_retrieval_recalls_equal_brute_force(world, tmp_path, capsys, task, lang
     assert np.load(tmp_path / f"{split}_scores.npy").shape == (len(data.captions), len(data.images))
     finals = [l for l in capsys.readouterr().out.splitlines() if l.startswith("Final")]
     assert len(finals) == 2 and finals[0].startswith("Final r1:%.3f" % expected["ir_r1"])
+    items = read_items(tmp_path / f"{split}_items.jsonl")      # per query: its hits, averaging to the recalls
+    for prefix, kind, n in (("ir", "caption", len(data.captions)), ("tr", "image", len(data.images))):
+        for k in (1, 5, 10):
+            values = metric_values(items, f"{prefix}_r{k}")
+            assert list(values) == [f"{kind}:{i}" for i in range(n)]
+            assert sum(values.values()) / n == pytest.approx(expected[f"{prefix}_r{k}"])
 
 
 @pytest.mark.parametrize("task,backend_factory", [("xvnli", FakeGenerative), ("xflickrco", FakeDual)])
@@ -329,9 +344,11 @@ def test_sweep_cells_for_hf_models_and_report(world, tmp_path):
     record = json.loads((tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/result.json").read_text())
     mine = json.loads((tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/eval/iglue_hf_results.json").read_text())
     assert record["metrics"] == mine["metrics"]          # full precision, as a standalone run records it
+    assert record["items"] == "eval/test_ar_items.jsonl"  # the record step found the per-item file
     record = json.loads((tmp_path / "runs/zero_shot/clip/xflickrco/de/result.json").read_text())
     mine = json.loads((tmp_path / "runs/zero_shot/clip/xflickrco/de/eval/iglue_hf_results.json").read_text())
     assert record["metrics"] == mine["metrics"] and len(record["metrics"]) == 10
+    assert record["items"] == "eval/test_de_items.jsonl"
     assert not (tmp_path / "runs/zero_shot/mllm-letter/xvnli/ar/eval/result.json").exists()
     proc = subprocess.run([sys.executable, "-m", "volta_ml.protocols.cli", "report", str(tmp_path / "runs"),
                            "--no_plots"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
@@ -340,6 +357,7 @@ def test_sweep_cells_for_hf_models_and_report(world, tmp_path):
     assert (report / "XVNLI_0.csv").read_text().splitlines()[1].startswith("mllm-letter,")
     assert (report / "XVNLI_0.mt.csv").read_text().splitlines()[1].startswith("mllm-letter,")
     assert (report / "xFlickrCO_tr_0.csv").read_text().splitlines()[1].startswith("clip,")
+    assert "±" in (report / "XVNLI_0.md").read_text() and "±" in (report / "xFlickrCO_tr_0.md").read_text()
 
 
 def test_grid_rejects_hf_models_in_training_protocols(world, tmp_path):

@@ -29,11 +29,15 @@ CONTS = [[" a red car", " bird", " a green tree near the river", " dog"], [" ric
          [" true", " false", " neutral", " a small shop"]]
 SIZES = [(40, 30), (64, 48), (30, 70)]
 TOL = 1e-4
-NO_TEMPLATE = ("paligemma",)   # PaliGemma has no chat template: "<image>" + prompt, the processor adds the rest
-# the templates that write a space between the generation prompt and the reply ("Assistant: A", "[/INST] A")
-REPLY_SPACE = ("idefics3", "smolvlm2", "llava-next")
+# no chat template: the model card's `processor(text=..., images=...)`: (what precedes the prompt in that text, what
+# the processor writes after it, whether the answer follows it without a space). PaliGemma: "<image>" + prompt, the
+# processor adds BOS and "\n"; Fuyu: the prompt alone, the processor writes the image, BOS and "<0x04>" itself
+NO_TEMPLATE = {"paligemma": ("<image>", "\n", True), "fuyu": ("", "<0x04>", False)}
+# the frames that put a space between the generation prompt and the reply ("Assistant: A", "[/INST] A", "<0x04> A")
+REPLY_SPACE = ("idefics3", "smolvlm2", "llava-next", "fuyu")
 HYBRID = ("qwen3.5", "qwen3.5-nothink", "lfm2-vl")   # linear-attention / convolution states: no KV-cache reuse
-SINGLE_IMAGE = ("paligemma", "llava-next", "mllama")        # trained on one image per prompt: MaRVL's canvas
+SINGLE_IMAGE = ("paligemma", "llava-next", "mllama", "fuyu")   # one image per prompt: MaRVL's canvas
+ONE_IMAGE_PROCESSOR = ("fuyu",)                                # its processor refuses a second image
 MULTI_IMAGE = [n for n in NAMES if n not in SINGLE_IMAGE]
 # PaliGemma's processor builds its (unused) labels with np.array(..., copy=False) on a list: numpy 2 warns
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -76,7 +80,7 @@ def _inputs(b, name, image, prompt):
     """The model inputs of one question, as the model card's example makes them."""
     if name in NO_TEMPLATE:
         from volta_ml.hf.loading import blank_image
-        enc = b.processor(text="<image>" + prompt, images=[image or blank_image()], return_tensors="pt")
+        enc = b.processor(text=NO_TEMPLATE[name][0] + prompt, images=[image or blank_image()], return_tensors="pt")
     else:
         enc = b.processor.apply_chat_template(_user(prompt, image), add_generation_prompt=True, tokenize=True,
                                               return_dict=True, return_tensors="pt", **spec_extra(name))
@@ -90,8 +94,9 @@ def _text_ids(b, text):
 
 def natural_letter(b, name, prompt, letter):
     """The letter typed right after the generation prompt (after the family's reply space): one token."""
-    if name in NO_TEMPLATE:                                     # the answer follows the processor's "\n"
-        text = "<image>" + prompt + "\n"
+    if name in NO_TEMPLATE:                            # the answer follows what the processor writes after it
+        before, after, _ = NO_TEMPLATE[name]
+        text = before + prompt + after
     else:
         user = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
         text = b.processor.apply_chat_template(user, add_generation_prompt=True, **spec_extra(name))
@@ -110,7 +115,8 @@ def ref_logprob(b, name, image, prompt, cont):
     """log P(cont | prompt): the tokens that rendered prompt + cont add after the rendered prompt, one forward."""
     enc = _inputs(b, name, image, prompt)
     if name in NO_TEMPLATE:
-        text, cont = "<image>" + prompt + "\n", cont.lstrip()
+        before, after, no_space = NO_TEMPLATE[name]
+        text, cont = before + prompt + after, cont.lstrip() if no_space else cont
     else:
         text = b.processor.apply_chat_template(_user(prompt, image), add_generation_prompt=True, **spec_extra(name))
     head, full = _text_ids(b, text), _text_ids(b, text + cont)
@@ -119,7 +125,7 @@ def ref_logprob(b, name, image, prompt, cont):
     enc["input_ids"] = torch.cat([enc["input_ids"], ids], 1)
     enc["attention_mask"] = torch.cat([enc["attention_mask"], torch.ones_like(ids)], 1)
     if "token_type_ids" in enc:                                 # answer tokens: the causal suffix / text
-        fill = 1 if name in NO_TEMPLATE else 0
+        fill = 1 if name == "paligemma" else 0
         enc["token_type_ids"] = torch.cat([enc["token_type_ids"], torch.full_like(ids, fill)], 1)
     if "mm_token_type_ids" in enc:
         enc["mm_token_type_ids"] = torch.cat([enc["mm_token_type_ids"], torch.zeros_like(ids)], 1)
@@ -203,17 +209,22 @@ def test_generation_and_blind_control_batch_equals_one(name, family_root):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_images_per_prompt_from_the_processor_and_the_training(name, family_root):
-    """Every processor here places a second image of a prompt; the families trained on one image per prompt take
-    one (MaRVL: the canvas), the others any number (MaRVL: two images); `max_images` overrides both ways."""
+    """Every processor here but Fuyu's places a second image of a prompt; the families trained on one image per
+    prompt take one (MaRVL: the canvas), the others any number (MaRVL: two images); `max_images` overrides both
+    ways, except 2 where the processor places one image."""
     from volta_ml.iglue_hf.tasks import marvl_layout
     b = backend(name, family_root)
-    assert b._places_second_image()
+    assert b._places_second_image() == (name not in ONE_IMAGE_PROCESSOR)
     assert b.max_images == (1 if name in SINGLE_IMAGE else None)
     assert marvl_layout(b, "auto") == ("canvas" if name in SINGLE_IMAGE else "multi")
     if name in SINGLE_IMAGE:
         with pytest.raises(BackendInputError, match="2 images in one prompt, the model takes at most 1"):
             b.choice_logits([photos()[0] * 2], PROMPTS[:1], LETTERS)
     override = 1 if name in MULTI_IMAGE else 2
+    if name in ONE_IMAGE_PROCESSOR:
+        with pytest.raises(BackendInputError, match="places one image per prompt"):
+            GenerativeBackend(ModelSpec(b.spec.model, extra={"max_images": 2}), b.model, b.processor)
+        return
     assert GenerativeBackend(ModelSpec(b.spec.model, extra={"max_images": override}), b.model,
                              b.processor).max_images == override
 
@@ -352,6 +363,24 @@ def test_a_model_type_whose_own_forward_fails_is_one_line(family_root, release, 
                  "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "Traceback" not in "\n".join(err) and "model type 'llama4' fails in the forward" in err[-1]
+
+
+def test_a_load_time_probe_that_fails_in_the_models_own_code_is_one_line(family_root, monkeypatch):
+    """A processor that fails on the blank image of the load-time probe (an Aria checkpoint whose processor ignores its
+    saved image size raised a raw KeyError): one `ModelLoadError` line naming the model type, whichever probe."""
+    import transformers
+
+    from volta_ml.hf import ModelLoadError
+    b = backend("qwen2-vl", family_root)
+
+    def broken(*args, **kwargs):
+        raise KeyError("height")
+    monkeypatch.setattr(type(b.processor.image_processor), "__call__", broken)
+    with pytest.raises(ModelLoadError) as e:
+        GenerativeBackend(b.spec, b.model, b.processor)
+    assert str(e.value) == (f"{b.spec.model}: model type 'qwen2_vl' fails in its processor (a prompt with one blank "
+                            f"image) of the installed transformers {transformers.__version__} (KeyError: 'height'); "
+                            "run it with a transformers version that supports it")
 
 
 def test_a_template_switch_is_refused_where_the_template_has_none(family_root):

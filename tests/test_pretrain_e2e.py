@@ -1,10 +1,13 @@
 """Pretraining on the engine, end to end: pretrain -> fine-tune (train_task.py --from_pretrained) -> zero-shot
 retrieval (eval_retrieval.py --zero_shot) and the CVQA zoo loader; SIGKILL + resume bit-identical (with the
-interleaved Wikipedia step, carried-over gradients and NCE's random negatives); 2 gloo ranks; bad inputs."""
+interleaved Wikipedia step, carried-over gradients and NCE's random negatives); 2 gloo ranks; bad inputs (one line,
+exit 2: also from a DataLoader worker); LMDB's one-file layout at every store entry point, truncated and garbage
+LMDBs."""
 from __future__ import annotations
 
 import functools
 import json
+import os
 import random
 import re
 import shutil
@@ -14,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -233,3 +237,206 @@ def test_bad_inputs_are_one_line_and_exit_2(site, tmp_path, capsys):
         assert entry(flags + extra) == 2
         err = capsys.readouterr().err
         assert "Traceback" not in err and expected in err.strip().splitlines()[-1], err[-2000:]
+
+
+def _last_line(err: str) -> str:
+    assert "Traceback" not in err, err[-3000:]
+    return err.strip().splitlines()[-1]
+
+
+def test_an_empty_captions_file_is_refused_before_training(site, tmp_path, capsys):
+    """caption_train.json `{}` beside VOLTA's td-LMDBs (whose records carry their captions): the negative captions
+    of image-text matching would all be empty; one line names the file."""
+    from volta_ml.pretrain.cli import main
+
+    annotations = tmp_path / "annotations"
+    shutil.copytree(site["data"].annotations, annotations)
+    (annotations / "caption_train.json").write_text("{}")
+    flags = pretrain_flags(site, tmp_path, "--train_batch_size", "4", "--num_train_epochs", "1")
+    flags[flags.index("--annotations_path") + 1] = str(annotations)
+    assert main(flags) == 2
+    line = _last_line(capsys.readouterr().err)
+    assert f"{annotations / 'caption_train.json'}: no captions" in line and "objective 0" in line
+    assert not (tmp_path / "ckpt" / "tiny_uniter" / "pytorch_model_0.bin").exists()
+
+
+def test_features_of_another_width_than_the_config_are_refused(site, tmp_path, capsys):
+    """2048-wide records for a config of v_feature_size 16: one line naming the store, the width and the config."""
+    from volta_ml.pretrain.cli import main
+
+    wide = site["wide_data"].features
+    flags = pretrain_flags(site, tmp_path, "--train_batch_size", "4", "--num_train_epochs", "1")
+    flags[flags.index("--features_path") + 1] = str(wide)
+    flags[flags.index("--annotations_path") + 1] = str(site["wide_data"].annotations)
+    assert main(flags) == 2
+    line = _last_line(capsys.readouterr().err)
+    assert str(wide / "training_feat_all.lmdb") in line and "2048-wide region features" in line
+    assert f"v_feature_size of {site['config']} is 16" in line
+
+
+def _store_missing_in_one_record(path, data, image_id, cls_prob_rows=None):
+    """A native store of `data`'s images where `image_id` has no cls_prob (or `cls_prob_rows` rows of it)."""
+    from volta_ml.features import open_writer
+
+    with open_writer(path, "native") as writer:
+        for i in data.train_ids + data.val_ids:
+            r = data.records[i]
+            extra = {"cls_prob": r["cls_prob"]}
+            if i == image_id:
+                extra = {} if cls_prob_rows is None else {"cls_prob": r["cls_prob"][:cls_prob_rows]}
+            writer.put(i, r["features"], r["boxes"], 640, 480, **extra)
+    return path
+
+
+def test_an_input_error_in_a_dataloader_worker_is_the_same_one_line(site, tmp_path, capsys):
+    """A record past the first lacking cls_prob (PretrainDataError) or holding it for too few regions
+    (FeatureStoreError, which torch re-raises as a RuntimeError): with --num_workers 2 the same one line and exit
+    code as with 0 workers, no worker traceback."""
+    from volta_ml.pretrain.cli import main
+
+    data = site["data"]
+    bad = data.train_ids[5]
+    for name, rows, expected in (("no_cls", None, "has no cls_prob"), ("short_cls", 3, "cls_prob of shape (3, 1601)")):
+        store = _store_missing_in_one_record(tmp_path / name, data, bad, rows)
+        lines = []
+        for workers in ("0", "2"):
+            flags = pretrain_flags(site, tmp_path / f"{name}{workers}", "--train_batch_size", "4",
+                                   "--num_train_epochs", "1", "--max_seq_length", "12")
+            flags[flags.index("--features_path") + 1] = str(store)
+            flags[flags.index("--num_workers") + 1] = workers
+            assert main(flags) == 2
+            lines.append(_last_line(capsys.readouterr().err))
+        assert lines[0] == lines[1] and expected in lines[0] and bad in lines[0], lines
+
+
+def test_fractional_looking_image_sizes_are_read_as_volta_reads_them(site, tmp_path):
+    """Conceptual Captions records whose image_h / image_w / num_boxes are "480.0"-style strings, read as a feature
+    store (--features_path the td-LMDB itself) and in VOLTA's layout: VOLTA's float() reading, the batches of the
+    integer records."""
+    from helpers_pretrain import write_td_lmdb
+
+    data = site["data"]
+    records = {i: {**data.records[i], "image_h": "480.0", "image_w": "640.0",
+                   "num_boxes": f"{data.records[i]['num_boxes']}.0"} for i in data.train_ids + data.val_ids}
+    store = write_td_lmdb(tmp_path / "cc_floats.lmdb", list(records.values()))
+    _pretrains_as_from_volta_s_layout(site, tmp_path / "store", store)
+    folder = tmp_path / "volta_layout"
+    for name, ids in (("training_feat_all.lmdb", data.train_ids), ("validation_feat_all.lmdb", data.val_ids)):
+        write_td_lmdb(folder / name, [records[i] for i in ids])
+    _pretrains_as_from_volta_s_layout(site, tmp_path / "layout", folder)
+
+
+def _pretrains_as_from_volta_s_layout(site, out: Path, features: Path) -> None:
+    """train_concap.py with --features_path `features` ends with exit 0, and the batches read from `features` are
+    those read from the site's VOLTA layout (the directory td-LMDBs of integer-string records)."""
+    from helpers_pretrain import load_tiny_tokenizer
+    from volta_ml.pretrain.cli import main
+    from volta_ml.pretrain.data import ConceptCapData, collate_concap
+
+    data = site["data"]
+    flags = pretrain_flags(site, out, "--train_batch_size", "4", "--num_train_epochs", "1", "--max_seq_length", "12")
+    flags[flags.index("--features_path") + 1] = str(features)
+    assert main(flags) == 0
+    tok = load_tiny_tokenizer(data.tokenizer)
+    ours = collate_concap(ConceptCapData(data.annotations, features, tok, 12).__getitems__(range(16)))
+    volta = collate_concap(ConceptCapData(data.annotations, data.features, tok, 12).__getitems__(range(16)))
+    assert all(torch.equal(a, b) for a, b in zip(ours[:-1], volta[:-1])) and ours[-1] == volta[-1]
+
+
+# ---- LMDB stores: LMDB's one-file layout, truncated and garbage files -----------------------------------------------
+
+def _same_samples(a, b, ids) -> bool:
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+               for i in ids for x, y in zip(a[i], b[i]))
+
+
+def test_a_single_file_lmdb_is_read_at_every_entry_point(site, tmp_path, capsys):
+    """LMDB's one-file layout (subdir=False: what tensorpack's LMDBSerializer.save and so VOLTA's h5_to_td-lmdb.py
+    write), written with plain lmdb calls in VOLTA's record layouts (td-LMDB, and the keyed h5_to_lmdb.py layout):
+    open_store / RegionView, `volta-ml features inspect|verify|convert`, train_task.py's task store, train_concap.py
+    on VOLTA's pretraining layout; everything read as from the directory layout."""
+    from helpers_pretrain import write_td_lmdb
+    from volta_ml.cli import main as volta_ml_main
+    from volta_ml.cli import train_task
+    from volta_ml.features import RegionView, open_store
+    from volta_ml.models import build_model, load_config, save_checkpoint
+    from volta_ml.testing import legacy_layouts as L
+
+    source = open_store(site["store"])
+    images = {i: {"features": np.asarray(source[i].features), "boxes": np.asarray(source[i].boxes),
+                  "img_w": source[i].image_w, "img_h": source[i].image_h} for i in source}
+    folder = tmp_path / "data/flickr30k/features"
+    folder.mkdir(parents=True)
+    td = L.write_td_lmdb(folder / "flickr30k_boxes36.lmdb", L.h5_style_td_records(images), subdir=False)
+    keyed = L.write_volta_lmdb(tmp_path / "keyed.lmdb", images, subdir=False)
+    reference = RegionView(source)
+    for path, fmt in ((td, "td-lmdb"), (keyed, "volta-lmdb")):
+        assert Path(path).is_file()
+        store = open_store(path)
+        assert store.format_name == fmt and sorted(store) == sorted(images)
+        assert _same_samples(RegionView(path), reference, images)
+        capsys.readouterr()
+        assert volta_ml_main(["features", "inspect", "--json", str(path)]) == 0
+        assert json.loads(capsys.readouterr().out)["format"] == fmt
+        assert volta_ml_main(["features", "verify", str(path)]) == 0
+        assert capsys.readouterr().out.strip().endswith("OK")
+        converted = tmp_path / f"{fmt}.vmlf"
+        assert volta_ml_main(["features", "convert", str(path), str(converted)]) == 0
+        assert _same_samples(RegionView(converted), reference, images)
+        capsys.readouterr()
+        assert volta_ml_main(["features", "verify", f"{path}-lock"]) == 2    # the lock file beside it: one line
+        assert "an LMDB lock file, not the LMDB" in _last_line(capsys.readouterr().err)
+
+    init = tmp_path / "init.bin"
+    save_checkpoint(build_model(load_config(str(site["config"])), kind="pretraining"), init)
+    code = train_task.main(["--bert_model", str(site["bert"]), "--do_lower_case", "--config_file",
+                            str(site["config"]), "--from_pretrained", str(init), "--device", "cpu", "--no_cache",
+                            "--tasks_config_file", TRAINVAL, "--task", "19", "--data_root", str(tmp_path / "data"),
+                            "--train_annotations_jsonpath", str(site["tmp"] / "ve.jsonl"),
+                            "--val_annotations_jsonpath", str(site["tmp"] / "ve.jsonl"), "--num_epoch", "1",
+                            "--batch_size", "4", "--num_workers", "0", "--num_val_workers", "0",
+                            "--output_dir", str(tmp_path / "ft"), "--logdir", str(tmp_path / "ft_tb")])
+    assert code == 0
+
+    data = site["data"]
+    cc = tmp_path / "cc_features"
+    cc.mkdir()
+    write_td_lmdb(cc / "training_feat_all.lmdb", [data.records[i] for i in data.train_ids], single_file=True)
+    write_td_lmdb(cc / "validation_feat_all.lmdb", [data.records[i] for i in data.val_ids], single_file=True)
+    assert (cc / "training_feat_all.lmdb").is_file()
+    _pretrains_as_from_volta_s_layout(site, tmp_path / "pre", cc)
+
+
+def test_a_truncated_lmdb_is_one_line_before_training(site, tmp_path):
+    """An LMDB whose data file lost its second half (an interrupted copy): reading the missing pages would kill the
+    run with SIGBUS mid-epoch; it is refused in one line when opened (in a subprocess: a SIGBUS would end pytest)."""
+    features = tmp_path / "features"
+    shutil.copytree(site["data"].features, features)
+    data_file = features / "training_feat_all.lmdb" / "data.mdb"
+    os.truncate(data_file, data_file.stat().st_size // 2)
+    argv = pretrain_flags(site, tmp_path, "--train_batch_size", "4", "--num_train_epochs", "1")
+    argv[argv.index("--features_path") + 1] = str(features)
+    proc = subprocess.run([sys.executable, "train_concap.py", *argv], cwd=REPO, env=toy_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    line = _last_line(proc.stderr)
+    assert line.startswith(f"train_concap.py: error: {features / 'training_feat_all.lmdb'}: truncated LMDB"), line
+    assert "***** Training *****" not in proc.stderr
+
+
+def test_a_garbage_lmdb_is_one_line_naming_it(site, tmp_path, capsys):
+    """data.mdb of random bytes, and random bytes after a valid LMDB header (lmdb.InvalidError / lmdb.Error)."""
+    from volta_ml.pretrain.cli import main
+
+    rng = np.random.default_rng(0)
+    for name, keep in (("noise", 0), ("header", 20)):
+        features = tmp_path / name
+        shutil.copytree(site["data"].features, features)
+        data_file = features / "training_feat_all.lmdb" / "data.mdb"
+        head = data_file.read_bytes()[:keep]
+        data_file.write_bytes(head + rng.bytes(1 << 16))
+        flags = pretrain_flags(site, tmp_path / f"out_{name}")
+        flags[flags.index("--features_path") + 1] = str(features)
+        assert main(flags) == 2
+        line = _last_line(capsys.readouterr().err)
+        assert f"{features / 'training_feat_all.lmdb'}: " in line and "LMDB" in line, line

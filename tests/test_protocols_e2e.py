@@ -5,6 +5,7 @@ and plots. The checkpoints' heads always predict one class, so every score is kn
 files alone."""
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from conftest import REPO
 
 from helpers_eval import build_checkpoint, link, tiny_config_file
 from helpers_tasks import IGLUE, bert_uncased_dir, make_store, need_iglue, read_jsonl
+from volta_ml.stats import metric_values, read_items
 
 ENTAILMENT, YES = 2, 1773          # XVNLI label index; trainval_ans2label["yes"]
 FEATURE_DIM = 16
@@ -110,6 +112,17 @@ def test_zero_shot_and_translate_test_grid_then_report(sweep_env):
     de = runs / "zero_shot/ctrl_uniter/xgqa/de"
     assert (de / "eval/pytorch_model_best.bin-/test_de_result.json").exists()
     assert float((de / "test.out").read_text().strip().splitlines()[-1]) == pytest.approx(yes)
+    # per-item files beside eval_task's / GQA_score's outputs (the record step names them in result.json): one row
+    # per question, 100 or 0, averaging to the score
+    for cell, items, ids in (("zero_shot/ctrl_uniter/xvnli/ar", "eval/pytorch_model_best.bin-/test_items.jsonl",
+                              [r["pairID"] for r in read_jsonl(IGLUE / "XVNLI/annotations/ar/test.jsonl")]),
+                             ("zero_shot/ctrl_uniter/xgqa/de", "eval/pytorch_model_best.bin-/test_de_items.jsonl",
+                              list(questions))):
+        record = json.loads((runs / cell / "result.json").read_text())
+        assert record["items"] == items
+        values = metric_values(read_items(runs / cell / items), "score")
+        assert list(values) == ids and set(values.values()) <= {0.0, 100.0}
+        assert sum(values.values()) / len(values) == pytest.approx(record["metrics"]["score"], abs=5e-4)
 
     again = volta_ml("sweep", str(grid), "--local", *only)
     assert "0 ran, 4 already finished" in again.stdout
@@ -126,6 +139,9 @@ def test_zero_shot_and_translate_test_grid_then_report(sweep_env):
     assert header == "model,de,avg" and [float(v) for v in row.split(",")[1:]] == pytest.approx([yes, yes])
     for name in ("XVNLI_summary.md", "XVNLI_0.tex", "plots/XVNLI_languages.png", "plots/XVNLI_mt_gap.png"):
         assert (report / name).stat().st_size > 0
+    # every cell with its interval; a checkpoint that always says "entailment" is right on a fixed set of items
+    assert all(r["ci_low"] and float(r["ci_low"]) <= float(r["value"]) <= float(r["ci_high"])
+               for r in csv.DictReader((report / "uncertainty/XVNLI_0.csv").open()))
 
 
 def test_few_shot_grid_trains_selects_and_tests(sweep_env):
@@ -168,6 +184,10 @@ def test_retrieval_grid_reads_final_lines_into_ir_and_tr_tables(sweep_env):
     finals = [l for l in (cell / "test.out").read_text().splitlines() if l.startswith("Final")]
     assert f"{metrics['ir_r1']:.3f}" in finals[-2] and f"{metrics['tr_r1']:.3f}" in finals[-1]
     assert 0 <= metrics["ir_r1"] <= metrics["ir_r5"] <= metrics["ir_r10"] <= 100
+    items = read_items(cell / json.loads((cell / "result.json").read_text())["items"])
+    for prefix, n in (("ir", 10), ("tr", 10)):      # 10 images with one caption each in train_10
+        values = metric_values(items, f"{prefix}_r1")
+        assert len(values) == n and sum(values.values()) / n == pytest.approx(metrics[f"{prefix}_r1"], abs=5e-4)
     volta_ml("report", str(runs), "--no_plots")
     ir = (runs / "report/xFlickrCO_ir_0.csv").read_text().splitlines()
     assert ir[0] == "model,de,avg" and ir[1] == f"ctrl_uniter,{metrics['ir_r1']!r},{metrics['ir_r1']!r}"

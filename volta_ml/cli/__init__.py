@@ -21,7 +21,9 @@ COMMAND_MODULES = [
     "volta_ml.cli.gqa_score",
     "volta_ml.cvqa.cli",
     "volta_ml.iglue_hf.cli",
+    "volta_ml.suite.cli",
     "volta_ml.protocols.cli",
+    "volta_ml.cli.compare",
     "volta_ml.demo.cli",
     "volta_ml.pretrain.cli",
 ]

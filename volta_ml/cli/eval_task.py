@@ -2,7 +2,9 @@
 
 Output contract (IGLUE scripts and result scrapers depend on it):
 - `<output_dir>/<basename(--from_pretrained)>-<save_name>/<split>_result.json`, `<split>_others.json` (`[]`)
-  and `eval.txt` (the Validation line);
+  and `eval.txt` (the Validation line); beside them volta-ml's `<split>_items.jsonl`, each item's score (100 or
+  0, whose mean is the score; volta_ml/stats.py), for the report's confidence intervals (not for xGQA, scored by
+  GQA_score, which writes its own);
 - stdout: `***** Running evaluation *****`, `  Num Iters:  <n>`, `  Batch size:  <b>`, progress;
 - stderr, last: `Validation [<Name>]: loss <l> score <s> ` then, for TASK12, `Consistency: <float>`.
   GQA logs `loss 0.000 score 0.000` as VOLTA (the real score comes from `GQA_score.py`).
@@ -25,6 +27,7 @@ from volta_ml.engine.evaluate import EvalResult, amp_precision, evaluate
 from volta_ml.engine.failures import fail
 from volta_ml.engine.logs import attach_stderr_handler
 from volta_ml.engine.run_setup import task_setup
+from volta_ml.stats import items_path, write_items
 from volta_ml.tasks.config import entry_path
 
 logger = logging.getLogger("volta_ml.eval_task")
@@ -85,6 +88,9 @@ def run_eval(args) -> EvalResult:
     out_dir = result_dir(args.output_dir, args.from_pretrained, args.save_name)
     os.makedirs(out_dir, exist_ok=True)
     write_json(os.path.join(out_dir, f"{split}_result.json"), result.predictions)
+    items = family.item_scores(result.predictions, dataset)
+    if items is not None:
+        write_items(items_path(os.path.join(out_dir, f"{split}_result.json")), items)
     write_json(os.path.join(out_dir, f"{split}_others.json"), [])
     is_gqa = entry["type"] == "VL-classifier-GQA"
     line = validation_line(entry["name"], 0.0 if is_gqa else result.loss, 0.0 if is_gqa else result.score_percent)

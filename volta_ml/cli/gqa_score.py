@@ -3,7 +3,8 @@
 Prints one bare float (accuracy × 100) as the last stdout line, which the IGLUE scrapers read. Predictions
 whose questionId is missing from the truth file are skipped, so the denominator counts matched ids only
 (IGLUE's copy; VOLTA-HEAD divides by all predictions and crashes on a missing id). The skipped count is
-reported on stderr so the quirk is visible.
+reported on stderr so the quirk is visible. Each scored question's 100 or 0 goes to `<split>_items.jsonl` beside
+the predictions file (volta_ml/stats.py; the report's confidence intervals).
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import sys
 
 from volta_ml.data.annotations import AnnotationError, read_json
 from volta_ml.cli.flags import VoltaArgumentParser
-from volta_ml.tasks.gqa import gqa_accuracy
+from volta_ml.stats import items_path, write_items
+from volta_ml.tasks.gqa import gqa_accuracy, gqa_items
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +39,7 @@ def run(args) -> int:
     if matched < len(predictions):
         print(f"GQA_score: skipped {len(predictions) - matched} predictions not in the truth file "
               f"(denominator {matched}, as IGLUE)", file=sys.stderr)
+    write_items(items_path(args.preds_file), gqa_items(predictions, truth))
     print(accuracy)
     return 0
 

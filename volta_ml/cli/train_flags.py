@@ -130,6 +130,9 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                            "= adding projector to --train_parts")
     lora.add_argument("--hf_adapter", default="", help="start from this saved adapter folder (e.g. <run dir>/hf_best "
                                                        "of an English run, for few-shot) instead of a new LoRA")
+    lora.add_argument("--allow_adapter_base_mismatch", action="store_true",
+                      help="start from an --hf_adapter that records another base model than --hf_model (refused "
+                           "otherwise; recorded in the run's summary)")
     return parser
 
 

@@ -37,7 +37,7 @@ DEFAULTS = {
     "model_revision": None, "image_model": None, "text_base": None, "dtype": "fp32", "device": "auto",
     "device_map": None, "batch_size": 8, "chunk_size": 256, "text_only": True, "limit": None, "progress": True,
     "predictions": None, "max_side": None, "max_pixels": None, "allow_missing_keys": False, "letter_layout": "paper",
-    "letter_spellings": "natural", "adapter": None, "enable_thinking": None,
+    "letter_spellings": "natural", "adapter": None, "enable_thinking": None, "allow_adapter_base_mismatch": False,
 }
 REQUIRED = ("data", "backend", "output_dir")
 # What a resumed run must match (anything else, e.g. batch size or device, may change); the model's and the
@@ -212,6 +212,8 @@ def resume_fingerprint(header: dict, dataset: CVQADataset, args: dict) -> dict:
     options = {"template_options": header["template_options"]} if header.get("template_options") else {}
     if header.get("letter_spellings") not in (None, "natural"):
         options["letter_spellings"] = header["letter_spellings"]
+    if args.get("allow_adapter_base_mismatch"):
+        options["allow_adapter_base_mismatch"] = True
     return {"format": 2, **{k: header.get(k) for k in RESUME_KEYS}, **options, "data_revision": dataset.revision,
             "questions_sha1": hashlib.sha1("\n".join(q.id for q in dataset.questions).encode()).hexdigest(),
             **{f"{key}_content": content_fingerprint(name, revision) for key, (name, revision) in models.items()
@@ -222,7 +224,8 @@ def resume_fingerprint(header: dict, dataset: CVQADataset, args: dict) -> dict:
 def _header(args: dict, dataset: CVQADataset, scorer) -> dict:
     return {"backend": scorer.backend, **scorer.header(), "revision": dataset.revision, "data": str(dataset.root),
             "chunk_size": int(args["chunk_size"]), "max_side": args["max_side"], "max_pixels": args["max_pixels"],
-            "adapter": args.get("adapter")}
+            "adapter": args.get("adapter"),
+            **({"allow_adapter_base_mismatch": True} if args.get("allow_adapter_base_mismatch") else {})}
 
 
 def _write_results(args, dataset, scorer, header, scores, failures, timing, out_dir: Path) -> str:

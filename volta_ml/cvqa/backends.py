@@ -294,7 +294,10 @@ def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> 
         extra["enable_thinking"] = args["enable_thinking"]
     if args.get("adapter") and backend != "mllm":
         raise UsageError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {backend})")
+    if args.get("allow_adapter_base_mismatch") and not args.get("adapter"):
+        raise UsageError("--allow-adapter-base-mismatch: no --adapter to apply")
     spec = ModelSpec(model=args["model"], revision=args["model_revision"], dtype=args["dtype"], device=device,
                      device_map=args["device_map"], extra=extra,
-                     allow_missing_keys=bool(args.get("allow_missing_keys")), adapter=args.get("adapter"))
+                     allow_missing_keys=bool(args.get("allow_missing_keys")), adapter=args.get("adapter"),
+                     allow_adapter_base_mismatch=bool(args.get("allow_adapter_base_mismatch")))
     return BUILDERS[backend](load_backend(backend, spec), args)

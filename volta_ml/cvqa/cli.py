@@ -9,6 +9,8 @@ from volta_ml.engine.failures import UsageError
 from volta_ml.features.detectors.presets import PRESETS
 from volta_ml.hf.base import LETTER_SPELLINGS
 
+from volta_ml.protocols.cli import add_stat_flags
+
 from .backends import BACKENDS, RULES
 from .prompts import CONDITIONS, LETTER_LAYOUTS, TEMPLATES
 
@@ -67,6 +69,10 @@ def register(subparsers) -> None:
     hf.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="fp32")
     hf.add_argument("--device-map", dest="device_map", choices=("auto",), default=None,
                     help="accelerate spreads a model larger than one GPU (then --device is ignored)")
+    hf.add_argument("--allow-adapter-base-mismatch", "--allow_adapter_base_mismatch",
+                    dest="allow_adapter_base_mismatch", action="store_true",
+                    help="mllm: apply an --adapter that records another base model than --model (refused "
+                    "otherwise); the mismatch is recorded in cvqa_results.json (loading_report)")
     hf.add_argument("--allow-missing-keys", "--allow_missing_keys", dest="allow_missing_keys", action="store_true",
                     help="score weights that miss (or add) tensors of the architecture instead of refusing them; "
                     "the keys are recorded in cvqa_results.json (loading_report)")
@@ -116,6 +122,10 @@ def register(subparsers) -> None:
                     help="compare the runs of MODEL (as in cvqa_results.json) with the paper's ROW, e.g. "
                     "/models/my-llava=LLaVA-1.5-7B (hub ids of the paper's checkpoints match by themselves)")
     rp.add_argument("--no-plots", dest="plots", action="store_false")
+    rp.add_argument("--baseline", default=None, metavar="LABEL",
+                    help="compare every other run with this one (its label in the tables, e.g. 'LLaVA-1.5-7B (letter)'): "
+                    "baseline_comparison.csv/md/tex")
+    add_stat_flags(rp)
     rp.set_defaults(func=run_report_command)
     cvqa.set_defaults(func=lambda args: cvqa.print_help() or 2)
 
@@ -195,7 +205,7 @@ def _run_backend(args) -> str | None:
     keys = ("data", "backend", "revision", "conditions", "template", "rule", "model", "model_revision",
             "image_model", "text_base", "dtype", "device", "device_map", "chunk_size", "text_only", "limit",
             "output_dir", "progress", "predictions", "max_side", "max_pixels", "allow_missing_keys", "letter_layout",
-            "letter_spellings", "adapter")
+            "letter_spellings", "adapter", "allow_adapter_base_mismatch")
     thinking = None if args.enable_thinking is None else args.enable_thinking == "true"
     return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8,
                         "enable_thinking": thinking})
@@ -230,6 +240,8 @@ def run_score_command(args) -> int:
 
 @_clear_errors
 def run_report_command(args) -> int:
+    from volta_ml.protocols.cli import stat_options
+
     from .collect import data_revisions, load_runs
     from .paper import MODELS
     from .paper_report import write_paper_report
@@ -242,7 +254,8 @@ def run_report_command(args) -> int:
         aliases[model] = row
     runs = load_runs(args.dirs, aliases)
     files = write_paper_report(runs, args.out, digits=args.digits, plots=args.plots,
-                               data_revisions=data_revisions(runs))
+                               data_revisions=data_revisions(runs), options=stat_options(args),
+                               baseline=args.baseline)
     print(f"{len(runs)} run(s) -> {len(files)} files in {args.out}")
     for run in runs:
         print(f"  {run.label:32s} {run.backend:7s} {', '.join(run.conditions)}"

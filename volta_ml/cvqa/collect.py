@@ -15,12 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
+from volta_ml.stats import unique_ids
+
 from .data import HIDDEN_LABEL
 from .paper import paper_category, paper_image_source, paper_row
 from .prompts import CONDITIONS
 from .report import group_accuracy, macro
 
 RESULTS_FILE = "cvqa_results.json"
+UNPARSED = -1          # the Prediction of an answer the generate rule could not parse (backend_run.py)
 QUESTION_TYPES = ("what", "how", "why", "where", "who", "which")
 _WH = re.compile(r"\b(" + "|".join(QUESTION_TYPES) + r")\b", re.IGNORECASE)
 
@@ -43,10 +46,31 @@ class Predictions:
     label: np.ndarray
     groups: dict[str, list[str]]          # pair, category, image_type, question_type -> one key per question
     revisions: frozenset[str] = frozenset()   # the data revision(s) named in the file
+    ids: list[str] = field(default_factory=list)   # the question IDs (pair two runs question by question)
 
     @property
     def labelled(self) -> np.ndarray:
         return self.label != HIDDEN_LABEL
+
+    @property
+    def unparsed(self) -> np.ndarray:
+        """The generate rule's answers that named no option (Prediction -1)."""
+        return self.prediction == UNPARSED
+
+    def items(self, group: str | None = None, key: str | None = None,
+              values: np.ndarray | None = None) -> tuple[dict[str, float], dict[str, str]]:
+        """Per-question values (in `group` == `key` when given): {ID: 100 | 0} for correct / wrong over the labelled
+        questions, or `values`' entries over all questions; and {ID: country-language pair} (the intervals'
+        strata)."""
+        keep = self.labelled.copy() if values is None else np.ones(len(self.label), dtype=bool)
+        if group is not None:
+            keys = self.groups.get(group)
+            if keys is None:
+                return {}, {}
+            keep &= np.array([k == key for k in keys], dtype=bool)
+        values = 100.0 * self.correct if values is None else values
+        chosen = np.flatnonzero(keep)
+        return ({self.ids[i]: float(values[i]) for i in chosen}, {self.ids[i]: self.groups["pair"][i] for i in chosen})
 
     @property
     def correct(self) -> np.ndarray:
@@ -110,7 +134,8 @@ def read_predictions(path: Path) -> Predictions:
               "image_type": [paper_image_source(r["image_type"]) for r in rows]}
     if "question_en" in rows[0]:
         groups["question_type"] = [question_type(r["question_en"]) for r in rows]
-    return Predictions(path, prediction, label, groups, frozenset(r.get("revision") or "unknown" for r in rows))
+    return Predictions(path, prediction, label, groups, frozenset(r.get("revision") or "unknown" for r in rows),
+                       unique_ids(r["ID"] for r in rows))
 
 
 def _condition(path: Path) -> tuple[str, str] | None:

@@ -6,19 +6,27 @@ from pathlib import Path
 
 from volta_ml.atomic import atomic_open
 
+from volta_ml.stats import Options
+
 from .collect import Run
+from .compare import baseline_table
 from .figures import write_figures
 from .tables import build_tables, markdown, write_table
 
 
 def write_paper_report(runs: list[Run], out_dir: str | Path, digits: int = 2, plots: bool = True,
-                       data_revisions: list[str] | None = None) -> list[Path]:
+                       data_revisions: list[str] | None = None, options: Options | None = None,
+                       baseline: str | None = None) -> list[Path]:
     """Every table as CSV/Markdown/LaTeX (and PNG with `plots`) in `out_dir`, plus `cvqa_paper_report.md`
-    holding all tables and the list of runs with their folders."""
+    holding all tables and the list of runs with their folders; with `baseline` (a run's label) the
+    `baseline_comparison` table of paired differences."""
+    options = options or Options()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tables = build_tables(runs)
-    written = [p for table in tables for p in write_table(table, out_dir, digits)]
+    tables = build_tables(runs, options)
+    if baseline is not None:
+        tables.append(baseline_table(runs, baseline, options))
+    written = [p for table in tables for p in write_table(table, out_dir, digits, options.style)]
     if plots:
         written += write_figures(tables, out_dir)
     lines = ["# CVQA: the paper's tables", ""]
@@ -30,7 +38,7 @@ def write_paper_report(runs: list[Run], out_dir: str | Path, digits: int = 2, pl
               f"{', '.join(r.conditions)} | {', '.join(str(f) for f in r.folders)} |" for r in runs]
     lines.append("")
     for table in tables:
-        lines += markdown(table, digits)
+        lines += markdown(table, digits, options.style)
     path = out_dir / "cvqa_paper_report.md"
     with atomic_open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))

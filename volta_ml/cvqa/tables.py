@@ -6,6 +6,14 @@ Every table is long-format: one row per (group, run), columns EN / EN paper / EN
 LOC diff, where diff = ours - paper, taken from unrounded accuracies. CSV keeps 4 decimals, Markdown and LaTeX
 `digits`. A "paper" cell is filled only where the run is the paper's model (see `paper.paper_row`) scored with
 the paper's rule.
+
+Every accuracy computed from per-question predictions carries its bootstrap interval (`Measured`,
+volta_ml/stats.py): questions resampled within their country-language pair; micro = over questions, macro = over
+pairs; the EN-LOC gap's is the paired interval (the same questions in both prompts). Markdown/LaTeX show
+`56.30 ± 1.20` (or `56.30 [55.10, 57.50]`), the CSV adds `<column> ci_low` / `<column> ci_high` columns after the
+existing ones. Accuracies a run wrote without per-question files (text-only control, rule variants) have none.
+`format_errors` (only when a run has unparsed answers or the generate rule): % of questions whose answer named no
+option, per run and prompt.
 """
 from __future__ import annotations
 
@@ -13,14 +21,63 @@ import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from volta_ml.atomic import atomic_open
+from volta_ml.stats import Options, format_estimate
 
 from . import paper
-from .collect import QUESTION_TYPES, Run
+from .collect import QUESTION_TYPES, Predictions, Run
 from .report import RANDOM_ACCURACY
 
 RUN_COLUMNS = ["model", "backend", "rule", "paper model"]
 EN_LOC = ["EN", "EN paper", "EN diff", "LOC", "LOC paper", "LOC diff"]
+
+
+class Measured(float):
+    """A table number with its bootstrap interval; arithmetic on it gives plain floats (differences from the paper
+    carry no interval)."""
+
+    def __new__(cls, value: float, low: float, high: float):
+        number = super().__new__(cls, value)
+        number.low, number.high = float(low), float(high)
+        return number
+
+
+def measured(preds: Predictions | None, options: Options, group: str | None = None, key: str | None = None,
+             average: str = "micro") -> Measured | None:
+    """The accuracy of the labelled questions (in `group` == `key`) with its interval, resampled within pairs."""
+    if preds is None:
+        return None
+    values, pairs = preds.items(group, key)
+    if not values:
+        return None
+    iv = options.interval(list(values.values()), list(pairs.values()), average=average)
+    return Measured(_average(values, pairs, average), iv.low, iv.high)
+
+
+def _average(values: dict[str, float], pairs: dict[str, str], average: str) -> float:
+    """The accuracy as `report.accuracy_summary` computes it (100 * correct / n; macro: numpy's mean over the pairs
+    in key order), so a cell reads the same with or without its interval."""
+    if average == "micro":
+        return sum(values.values()) / len(values)
+    by_pair: dict[str, list[float]] = {}
+    for item, value in values.items():
+        by_pair.setdefault(pairs[item], []).append(value)
+    return float(np.mean([sum(v) / len(v) for _, v in sorted(by_pair.items())]))
+
+
+def gap(en: Predictions | None, loc: Predictions | None, options: Options):
+    """EN - LOC accuracy over the same questions, with the paired interval (plain difference where the two
+    prompts' questions differ)."""
+    en_v, loc_v = measured(en, options), measured(loc, options)
+    if en_v is None or loc_v is None:
+        return None
+    (a, pairs), (b, _) = en.items(), loc.items()
+    if set(a) != set(b):
+        return en_v - loc_v
+    diff = options.compare(a, b, pairs)
+    return Measured(en_v - loc_v, diff.low, diff.high)
 
 
 @dataclass
@@ -52,17 +109,15 @@ def paper_rule(run: Run) -> str | None:
     return "open" if run.rule in paper.OPEN_RULES else "main"
 
 
-def _micro(run: Run, condition: str):
-    preds = run.conditions.get(condition)
-    return preds.micro() if preds else None
+def _micro(run: Run, condition: str, options: Options):
+    return measured(run.conditions.get(condition), options)
 
 
-def _macro(run: Run, condition: str):
-    preds = run.conditions.get(condition)
-    return preds.macro() if preds else None
+def _macro(run: Run, condition: str, options: Options):
+    return measured(run.conditions.get(condition), options, average="macro")
 
 
-def table3(runs: list[Run]) -> Table:
+def table3(runs: list[Run], options: Options) -> Table:
     table = Table("table3_overall", "Table 3: accuracy (%) per model, location-aware prompt",
                   RUN_COLUMNS + EN_LOC + ["EN-LOC gap", "EN macro", "LOC macro", "questions"],
                   note="EN / LOC: average over questions; macro: over country-language pairs. The paper gives "
@@ -70,11 +125,13 @@ def table3(runs: list[Run]) -> Table:
                        "blind control, rows `<model> <variant>` a variant of the model's rule (e.g. the open "
                        "rule's length_normalised).")
     for run in runs:
-        en, loc = _micro(run, "en-aware"), _micro(run, "loc-aware")
+        en, loc = _micro(run, "en-aware", options), _micro(run, "loc-aware", options)
         reference = {"main": paper.TABLE3, "open": paper.TABLE3_OPEN}.get(paper_rule(run), {}).get(run.paper)
         any_preds = next(iter(run.conditions.values()))
         table.rows.append(_run_cells(run) + _en_loc(en, loc, reference) +
-                          [_diff(en, loc), _macro(run, "en-aware"), _macro(run, "loc-aware"), len(any_preds.label)])
+                          [gap(run.conditions.get("en-aware"), run.conditions.get("loc-aware"), options),
+                           _macro(run, "en-aware", options), _macro(run, "loc-aware", options),
+                           len(any_preds.label)])
         for name, by_condition in run.summaries.items():      # text-only control, rule variants
             en_s, loc_s = by_condition.get("en-aware"), by_condition.get("loc-aware")
             if not (en_s or loc_s):
@@ -91,7 +148,7 @@ def table3(runs: list[Run]) -> Table:
 
 
 def _breakdown(name: str, title: str, column: str, group: str, runs: list[Run], reference: dict | None,
-               order: list[str], note: str = "") -> Table:
+               order: list[str], options: Options, note: str = "") -> Table:
     """Rows (group key, run) for one breakdown of the location-aware runs; `reference` maps (key, paper row) to
     the paper's (EN, LOC); None: a table without paper columns."""
     table = Table(name, title, [column] + RUN_COLUMNS + ["n"] + (EN_LOC if reference is not None else ["EN", "LOC"]),
@@ -106,7 +163,7 @@ def _breakdown(name: str, title: str, column: str, group: str, runs: list[Run], 
             if not any(cells.values()):
                 continue
             n = next(v["n"] for v in cells.values() if v)
-            acc = {c: v["accuracy"] if v else None for c, v in cells.items()}
+            acc = {c: measured(run.conditions.get(c), options, group, key) if v else None for c, v in cells.items()}
             if reference is None:
                 table.rows.append([key] + _run_cells(run) + [n, acc["en-aware"], acc["loc-aware"]])
                 continue
@@ -115,21 +172,21 @@ def _breakdown(name: str, title: str, column: str, group: str, runs: list[Run], 
     return table
 
 
-def table5(runs: list[Run]) -> Table:
+def table5(runs: list[Run], options: Options) -> Table:
     return _breakdown("table5_category", "Table 5: accuracy (%) per category, location-aware prompt", "category",
-                      "category", runs, paper.TABLE5, sorted({k for k, _ in paper.TABLE5}))
+                      "category", runs, paper.TABLE5, sorted({k for k, _ in paper.TABLE5}), options)
 
 
-def table6(runs: list[Run]) -> Table:
+def table6(runs: list[Run], options: Options) -> Table:
     return _breakdown("table6_image_source", "Table 6: accuracy (%) per image source, location-aware prompt",
-                      "image source", "image_type", runs, paper.TABLE6, ["Self-made", "Web"])
+                      "image source", "image_type", runs, paper.TABLE6, ["Self-made", "Web"], options)
 
 
-def figure3(runs: list[Run]) -> Table:
+def figure3(runs: list[Run], options: Options) -> Table:
     pairs = {k for run in runs for preds in run.conditions.values() for k in preds.groups["pair"]}
     order = sorted(pairs, key=lambda p: (paper.CONTINENT_ORDER.index(paper.continent(p)), p))
     table = _breakdown("figure3_pairs", "Figure 3: accuracy (%) per country-language pair, location-aware prompt",
-                       "pair", "pair", runs, paper.FIGURE3, order,
+                       "pair", "pair", runs, paper.FIGURE3, order, options,
                        note="The paper quotes two of Figure 3's values in its text; the others are only plotted.")
     table.header.insert(1, "continent")
     for row in table.rows:
@@ -137,38 +194,60 @@ def figure3(runs: list[Run]) -> Table:
     return table
 
 
-def question_types(runs: list[Run]) -> Table:
+def question_types(runs: list[Run], options: Options) -> Table:
     return _breakdown("question_types", "Accuracy (%) per question type (first what/how/why/where/who/which "
                       "word of the English question), location-aware prompt", "question type", "question_type",
-                      runs, None, list(QUESTION_TYPES) + ["other"],
+                      runs, None, list(QUESTION_TYPES) + ["other"], options,
                       note="The paper's Figure 2 counts these types; it reports no accuracy per type. Runs whose "
                            "predictions files lack the English question (written before it was added) are absent.")
 
 
-def table7(runs: list[Run]) -> Table:
+def table7(runs: list[Run], options: Options) -> Table:
     table = Table("table7_prompt", "Table 7: location-aware vs location-agnostic prompt, accuracy (%)",
                   ["prompt"] + RUN_COLUMNS + EN_LOC + ["EN-LOC gap"])
     for location in ("aware", "agnostic"):
         for run in runs:
-            en, loc = _micro(run, f"en-{location}"), _micro(run, f"loc-{location}")
+            en, loc = _micro(run, f"en-{location}", options), _micro(run, f"loc-{location}", options)
             if en is None and loc is None:
                 continue
             theirs = paper.TABLE7.get((location, run.paper)) if paper_rule(run) == "main" else None
-            table.rows.append([location] + _run_cells(run) + _en_loc(en, loc, theirs) + [_diff(en, loc)])
+            table.rows.append([location] + _run_cells(run) + _en_loc(en, loc, theirs) +
+                              [gap(run.conditions.get(f"en-{location}"), run.conditions.get(f"loc-{location}"), options)])
     return table
 
 
-TABLES = (table3, table5, table6, table7, figure3, question_types)
+def format_errors(runs: list[Run], options: Options) -> Table:
+    """The generate rule's unparsed answers (% of all questions of a prompt), per run and prompt."""
+    table = Table("format_errors", "Format errors: answers that named no option (%), generate rule",
+                  ["prompt"] + RUN_COLUMNS + ["questions", "format errors"],
+                  note="An unparsed answer predicts nothing (Prediction -1): it counts as wrong in every accuracy.")
+    for run in runs:
+        for condition, preds in run.conditions.items():
+            if "generate" not in run.rule and not preds.unparsed.any():
+                continue
+            values, pairs = preds.items(values=100.0 * preds.unparsed)
+            iv = options.interval(list(values.values()), list(pairs.values()))
+            table.rows.append([condition] + _run_cells(run) + [len(values), Measured(_average(values, pairs, "micro"),
+                                                                                   iv.low, iv.high)])
+    return table
 
 
-def build_tables(runs: list[Run]) -> list[Table]:
-    return [build(runs) for build in TABLES]
+TABLES = (table3, table5, table6, table7, figure3, question_types, format_errors)
+OPTIONAL = {"format_errors"}          # written only when they have rows
+
+
+def build_tables(runs: list[Run], options: Options | None = None) -> list[Table]:
+    options = options or Options()
+    tables = [build(runs, options) for build in TABLES]
+    return [t for t in tables if t.rows or t.name not in OPTIONAL]
 
 
 # --- writing --------------------------------------------------------------------------------
-def _fmt(value, digits: int) -> str:
+def _fmt(value, digits: int, style: str = "pm") -> str:
     if value is None:
         return "-"
+    if isinstance(value, Measured):
+        return format_estimate(value, value.low, value.high, digits, style)
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
@@ -179,37 +258,43 @@ def _latex_escape(text: str) -> str:
     return text
 
 
-def markdown(table: Table, digits: int) -> list[str]:
+def markdown(table: Table, digits: int, style: str = "pm") -> list[str]:
     lines = [f"## {table.title}", ""]
     if table.note:
         lines += [table.note, ""]
     lines += ["| " + " | ".join(table.header) + " |", "|" + "---|" * len(table.header)]
-    lines += ["| " + " | ".join(_fmt(v, digits) for v in row) + " |" for row in table.rows]
+    lines += ["| " + " | ".join(_fmt(v, digits, style) for v in row) + " |" for row in table.rows]
     return lines + [""]
 
 
-def latex(table: Table, digits: int) -> str:
+def latex(table: Table, digits: int, style: str = "pm") -> str:
     numeric = [all(isinstance(r[i], (int, float)) or r[i] in (None, "") for r in table.rows)
                for i in range(len(table.header))]
     spec = "".join("r" if n else "l" for n in numeric)
     lines = [r"\begin{table}[t]", r"\centering", r"\small", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
              " & ".join(_latex_escape(h) for h in table.header) + r" \\", r"\midrule"]
-    lines += [" & ".join(_latex_escape(_fmt(v, digits)) for v in row) + r" \\" for row in table.rows]
+    lines += [" & ".join(_latex_escape(_fmt(v, digits, style)).replace("±", r"$\pm$") for v in row) + r" \\"
+              for row in table.rows]
     lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{_latex_escape(table.title)}}}",
               rf"\label{{tab:cvqa-{table.name.replace('_', '-')}}}", r"\end{table}", ""]
     return "\n".join(lines)
 
 
-def write_table(table: Table, out_dir: Path, digits: int) -> list[Path]:
-    """`<name>.csv` (4 decimals), `<name>.md` and `<name>.tex` (`digits` decimals)."""
+def write_table(table: Table, out_dir: Path, digits: int, style: str = "pm") -> list[Path]:
+    """`<name>.csv` (4 decimals; the intervals in `<column> ci_low` / `ci_high` columns after the others),
+    `<name>.md` and `<name>.tex` (`digits` decimals, values with their intervals)."""
     paths = [out_dir / f"{table.name}.{ext}" for ext in ("csv", "md", "tex")]
+    measured_columns = [i for i in range(len(table.header)) if any(isinstance(r[i], Measured) for r in table.rows)]
+    number = lambda v: round(v, 4) if isinstance(v, float) else ("" if v is None else v)  # noqa: E731
     with atomic_open(paths[0], "w", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(table.header)
-        writer.writerows([round(v, 4) if isinstance(v, float) else ("" if v is None else v) for v in row]
+        writer.writerow(table.header + [f"{table.header[i]} {end}" for i in measured_columns
+                                        for end in ("ci_low", "ci_high")])
+        writer.writerows([number(float(v)) if isinstance(v, Measured) else number(v) for v in row]
+                         + [number(getattr(row[i], end, None)) for i in measured_columns for end in ("low", "high")]
                          for row in table.rows)
     with atomic_open(paths[1], "w", encoding="utf-8") as f:
-        f.write("\n".join(markdown(table, digits)))
+        f.write("\n".join(markdown(table, digits, style)))
     with atomic_open(paths[2], "w", encoding="utf-8") as f:
-        f.write(latex(table, digits))
+        f.write(latex(table, digits, style))
     return paths

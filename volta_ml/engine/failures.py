@@ -90,13 +90,48 @@ def _first_lines(error: BaseException) -> str:
     return lines[0]
 
 
+# torch's re-raise of an error a DataLoader worker raised (torch._utils.ExceptionWrapper): the original's class
+# when it can be built from one message, else RuntimeError; the message is the worker's whole traceback
+_WORKER_ERROR = re.compile(r"Caught (\w+) in DataLoader worker process \d+\.\nOriginal Traceback")
+
+
+def worker_error(error: BaseException) -> tuple[type, str] | None:
+    """(class, message) of the error a DataLoader worker raised, when `error` is torch's re-raise of it: read from
+    the last line of the worker's traceback that names that class (`<module>.<qualname>: <message>`, the message
+    possibly on several lines), the class looked up among the modules loaded here. None for any other error."""
+    text = str(error.args[0]) if error.args else ""
+    match = _WORKER_ERROR.match(text)
+    if match is None:
+        return None
+    lines = text.splitlines()
+    head = re.compile(rf"((?:[A-Za-z_][\w.]*\.)?{re.escape(match.group(1))})(?:: |$)")
+    for at in range(len(lines) - 1, 1, -1):
+        found = head.match(lines[at])
+        if found is None:
+            continue
+        module, _, name = found.group(1).rpartition(".")
+        cls = getattr(sys.modules.get(module or "builtins"), name, None)
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            return None
+        return cls, "\n".join([lines[at][found.end():], *lines[at + 1:]])
+    return None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
 def describe(error: BaseException) -> tuple[int, str]:
-    """(exit code, one-line cause) of an error that ended a run."""
+    """(exit code, one-line cause) of an error that ended a run; an input error a DataLoader worker raised is told
+    as the same line as without workers."""
     if isinstance(error, KeyboardInterrupt):
         return EXIT_INTERRUPTED, "interrupted"
+    original = worker_error(error)
+    if original is not None and issubclass(original[0], user_errors()):
+        return EXIT_USAGE, _one_line(original[1])
     if isinstance(error, user_errors()):
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        return EXIT_USAGE, " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+        return EXIT_USAGE, _one_line(message)
     from volta_ml.atomic import DISK_ERRNOS, WriteError
     if isinstance(error, WriteError) or (isinstance(error, OSError) and error.errno in DISK_ERRNOS):
         return EXIT_WRITE, str(error)

@@ -84,13 +84,17 @@ def fingerprint(args, model_config, tokenizer, annotation: str, features: str, i
     }
 
 
-def print_report(scores: np.ndarray, caption_image: np.ndarray, args) -> dict:
+def print_report(scores: np.ndarray, caption_image: np.ndarray, args, items_file: str | None = None) -> dict:
+    """IGLUE's stdout lines; with `items_file`, each query's hits as volta-ml's per-item file (volta_ml/stats.py)."""
+    from volta_ml.stats import write_items
     from volta_ml.tasks.retrieval_metrics import (
-        final_line, image_retrieval_ranks, recall_metrics, running_ir_lines, text_retrieval_ranks,
+        final_line, image_retrieval_ranks, query_items, recall_metrics, running_ir_lines, text_retrieval_ranks,
     )
 
     ir_ranks = image_retrieval_ranks(scores, caption_image)
     tr_ranks = text_retrieval_ranks(scores, caption_image)
+    if items_file:
+        write_items(items_file, query_items(ir_ranks, tr_ranks))
     if not args.no_running_lines:
         for line in running_ir_lines(ir_ranks, max(1, args.num_subiters)):
             print(line)
@@ -163,7 +167,7 @@ def run_eval_retrieval(args) -> dict | None:
         if not info.is_main:
             return None
         print(f"score matrix ready in {elapsed:.1f}s", file=sys.stderr)
-        report = print_report(scores, caption_image, args)
+        report = print_report(scores, caption_image, args, os.path.join(out_dir, f"{split}_items.jsonl"))
         save_array(os.path.join(out_dir, f"{split}_scores.npy"), scores.astype(args.score_dtype))
         atomic_write_json(os.path.join(out_dir, f"{split}_result.json"), top_images(scores), ensure_ascii=False)
         atomic_write_json(os.path.join(out_dir, f"{split}_others.json"), [], ensure_ascii=False)

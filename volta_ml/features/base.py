@@ -9,13 +9,14 @@ first time it is used in a process.
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Mapping
 from typing import Iterator
 
 import lmdb
 
 from .lmdb_values import PROCESS, LmdbValues
-from .records import FeatureRecord, FeatureDimError, MissingImageError
+from .records import FeatureRecord, FeatureDimError, FeatureStoreError, MissingImageError
 
 
 class FeatureStore(Mapping):
@@ -111,11 +112,58 @@ class FeatureStore(Mapping):
         return f"{type(self).__name__}({self.path!r})"
 
 
+# An LMDB data file starts with its first meta page: a 16-byte page header (64-bit builds) whose flags hold
+# P_META, then the meta record, which opens with LMDB's magic number (a lock file holds it at byte 0 instead).
+_LMDB_MAGIC = 0xBEEFC0DE
+_LMDB_MAGIC_AT = 16
+_LMDB_MAGICS = (struct.pack("<I", _LMDB_MAGIC), struct.pack(">I", _LMDB_MAGIC))
+
+
+def lmdb_file_kind(path: str) -> str | None:
+    """"data" for an LMDB data file, "lock" for an LMDB lock file, None for anything else: by the file's header,
+    never by its name."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_LMDB_MAGIC_AT + 4)
+    except OSError:
+        return None
+    if head[_LMDB_MAGIC_AT:] in _LMDB_MAGICS:
+        return "data"
+    return "lock" if head[:4] in _LMDB_MAGICS else None
+
+
+def is_lmdb_file(path: str) -> bool:
+    """Whether the file at `path` is an LMDB data file, by its header (never by its name)."""
+    return lmdb_file_kind(path) == "data"
+
+
+def lmdb_data_file(path: str) -> str:
+    """The data file of the LMDB at `path`: `<path>/data.mdb` for LMDB's directory layout, `path` itself for its
+    one-file layout (`subdir=False`: what tensorpack's `LMDBSerializer.save` and VOLTA's h5_to_td-lmdb.py write)."""
+    return os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+
+
 def open_lmdb_readonly(path: str) -> lmdb.Environment:
+    """A read-only environment of the LMDB at `path` (either layout). A file that is not an LMDB, or whose data
+    file is shorter than the pages its last commit uses (a copy or download cut short: reading the missing pages
+    would kill the process with SIGBUS), is refused here, before anything is read."""
     subdir = os.path.isdir(path)
-    # lock=False: many readers, no writer; readahead=False: random access is the common case.
-    return lmdb.open(path, subdir=subdir, readonly=True, lock=False, readahead=False,
-                     meminit=False, max_readers=4096, max_dbs=0)
+    try:
+        # lock=False: many readers, no writer; readahead=False: random access is the common case.
+        env = lmdb.open(path, subdir=subdir, readonly=True, lock=False, readahead=False,
+                        meminit=False, max_readers=4096, max_dbs=0)
+    except lmdb.Error as err:   # py-lmdb's message starts with the path: said once
+        detail = str(err).removeprefix(f"{path}: ").removeprefix(f"{lmdb_data_file(path)}: ")
+        raise FeatureStoreError(path, f"not a readable LMDB: {detail}") from None
+    data_file = lmdb_data_file(path)
+    used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]   # both read from the meta page alone
+    size = os.path.getsize(data_file)
+    if size < used:
+        env.close()
+        where = "data.mdb" if subdir else "the file"
+        raise FeatureStoreError(path, f"truncated LMDB: {where} holds {size} bytes but its records use {used} "
+                                      "(an interrupted copy, download or write); copy it again")
+    return env
 
 
 # py-lmdb refuses to open one environment twice in a process, and a forked child
@@ -153,8 +201,7 @@ def shared_lmdb_values(path: str) -> LmdbValues:
     env = shared_readonly_env(path)
     values = _SHARED_VALUES.get(path)
     if values is None or values.env is not env:  # first use, a new process or a reopened store
-        data_file = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
-        values = _SHARED_VALUES[path] = LmdbValues(env, data_file)
+        values = _SHARED_VALUES[path] = LmdbValues(env, lmdb_data_file(path))
     return values
 
 

@@ -1,9 +1,12 @@
-"""Which reader a path needs, decided from what is on disk (never from try/except decoding), and `open_store`."""
+"""Which reader a path needs, decided from what is on disk (never from try/except decoding, never from a name), and
+`open_store`. An LMDB is recognised by its data file's header in both of LMDB's layouts: a directory holding
+`data.mdb`, or one file (`subdir=False`, as tensorpack's `LMDBSerializer.save` and VOLTA's h5_to_td-lmdb.py write
+it, whatever its name)."""
 from __future__ import annotations
 
 import os
 
-from .base import shared_readonly_env
+from .base import is_lmdb_file, lmdb_file_kind, shared_readonly_env
 from .formats import lmdb_markers, reader_class
 from .records import FeatureStoreError, IncompleteStoreError
 
@@ -36,7 +39,11 @@ def detect_format(path: str) -> str:
                                            "writer never finished (rerun it to resume)")
         raise FileNotFoundError(f"feature store {path} does not exist")
     if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, "data.mdb")):
+        data_file = os.path.join(path, "data.mdb")
+        if os.path.exists(data_file):
+            if not is_lmdb_file(data_file):
+                raise FeatureStoreError(path, "data.mdb is not an LMDB data file (no LMDB header): corrupt, "
+                                              "or not an LMDB")
             return _lmdb_kind(path)
         names = os.listdir(path)
         if any(n.endswith(".npy") for n in names):
@@ -48,13 +55,20 @@ def detect_format(path: str) -> str:
         head = f.read(8)
     if head == _HDF5_SIGNATURE:
         return "h5"
-    if path.endswith(".mdb"):
+    kind = lmdb_file_kind(path)
+    if kind == "data":   # LMDB's one-file layout
         return _lmdb_kind(path)
-    if path.endswith((".tsv", ".tsv.txt")) or b"\t" in _first_line(path):
-        return "tsv"
+    if kind == "lock":
+        raise FeatureStoreError(path, "an LMDB lock file, not the LMDB: pass the LMDB itself (the file or "
+                                      "directory it sits beside)")
     if os.path.getsize(path) == 0:
         raise IncompleteStoreError(path, "empty file")
-    raise FeatureStoreError(path, "unknown feature file format (expected H5, TSV or LMDB)")
+    if path.endswith(".mdb"):
+        raise FeatureStoreError(path, "not an LMDB data file (no LMDB header): corrupt, or not an LMDB")
+    if path.endswith((".tsv", ".tsv.txt")) or b"\t" in _first_line(path):
+        return "tsv"
+    raise FeatureStoreError(path, "unknown feature file format: neither H5 nor LMDB (no header of either), "
+                                  "nor TSV (no tab in its first line)")
 
 
 def _first_line(path: str, limit: int = 1 << 16) -> bytes:

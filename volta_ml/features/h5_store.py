@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 from .base import FeatureStore, StoreWriter
-from .records import FeatureDimError, FeatureStoreError, IncompleteStoreError, make_record
+from .records import FeatureDimError, FeatureStoreError, IncompleteStoreError, make_record, whole_pixels
 
 _REQUIRED = ("features", "boxes", "img_w", "img_h")
 
@@ -98,8 +98,9 @@ class H5Writer(StoreWriter):
         group = self._file.create_group(key)
         group["features"] = record.features
         group["boxes"] = record.boxes
-        group["img_w"] = np.int64(record.image_w)
-        group["img_h"] = np.int64(record.image_h)
+        w, h = whole_pixels(self.path, key, record.image_w, record.image_h)
+        group["img_w"] = np.int64(w)
+        group["img_h"] = np.int64(h)
         for name, value in extra.items():
             if isinstance(value, (list, tuple)) and value and isinstance(value[0], str):
                 group.create_dataset(name, data=value, dtype=h5py.string_dtype("utf-8"))

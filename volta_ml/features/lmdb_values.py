@@ -87,7 +87,8 @@ class LmdbValues:
             base = _mapping_base(address, data_file)
             if base is None:
                 return
-            # Map only the pages in use: VOLTA's writers (writemap=True) leave a sparse 1 TiB file.
+            # Map only the pages in use: VOLTA's writers (writemap=True) leave a sparse 1 TiB file. A data file
+            # shorter than that was refused when the environment was opened (base.open_lmdb_readonly).
             used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
             with open(data_file, "rb") as f:
                 size = min(os.fstat(f.fileno()).st_size, used)

@@ -20,7 +20,7 @@ from .base import (FeatureStore, LmdbStoreMixin, StoreWriter, release_shared_env
                    shared_readonly_env)
 from .native_codec import decode_header, decode_record, encode_record
 from .records import (FeatureDimError, FeatureRecord, FeatureStoreError, IncompleteStoreError,
-                      RecordParts, make_record)
+                      RecordParts, make_record, whole_pixels)
 
 META_KEY = b"__volta_ml_meta__"
 FORMAT_NAME = "volta-ml-features"
@@ -195,7 +195,8 @@ class NativeWriter(StoreWriter):
         self._min_boxes = n if self._min_boxes is None else min(self._min_boxes, n)
         self._max_boxes = n if self._max_boxes is None else max(self._max_boxes, n)
         dtype = "<f2" if self.feature_dtype == "float16" else "<f4"
-        value = encode_record(record.features, record.boxes, record.image_w, record.image_h,
+        value = encode_record(record.features, record.boxes,
+                              *whole_pixels(self.path, key, record.image_w, record.image_h),
                               extra, feature_dtype=dtype)
         self._pending[key.encode()] = value
         self._pending_bytes += len(value)

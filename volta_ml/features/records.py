@@ -8,6 +8,7 @@ captions...) are kept in `extra` under the name the file used.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple
 
@@ -18,7 +19,7 @@ import numpy as np
 class FeatureRecord:
     features: np.ndarray  # float32 [N, D]
     boxes: np.ndarray  # float32 [N, 4], raw-image pixels, x1 y1 x2 y2
-    image_w: int
+    image_w: int  # a float only where the file holds a fractional size (read as VOLTA reads it: float())
     image_h: int
     num_boxes: int
     extra: dict[str, Any] = field(default_factory=dict)
@@ -112,9 +113,26 @@ def make_record(store: str, key: str, features, boxes, image_w, image_h,
     if boxes.dtype != np.float32:
         boxes = boxes.astype(np.float32)
     try:
-        w, h = int(image_w), int(image_h)
+        w, h = image_size(image_w), image_size(image_h)
     except (TypeError, ValueError) as err:
         raise FeatureStoreError(store, f"bad image size {image_w!r} x {image_h!r}", key) from err
-    if w <= 0 or h <= 0:
+    if not (w > 0 and h > 0):
         raise FeatureStoreError(store, f"non-positive image size {w} x {h}", key)
     return FeatureRecord(features, boxes, w, h, int(features.shape[0]), dict(extra or {}))
+
+
+def image_size(value):
+    """An image width or height as VOLTA's readers take it, `float(value)` (numbers, numpy scalars, "877" and
+    "877.0" strings or bytes alike): an int when whole, else the float; ValueError when not a finite number."""
+    size = float(value.decode() if isinstance(value, bytes) else value)
+    if not math.isfinite(size):
+        raise ValueError(f"image size {value!r}")
+    return int(size) if size.is_integer() else size
+
+
+def whole_pixels(store: str, key: str, image_w, image_h) -> tuple[int, int]:
+    """(w, h) for a writer whose format holds whole-pixel sizes; a fractional size is refused, never truncated."""
+    if not (float(image_w).is_integer() and float(image_h).is_integer()):
+        raise FeatureStoreError(store, f"image size {image_w} x {image_h} is not whole pixels, which this "
+                                       "format stores", key)
+    return int(image_w), int(image_h)

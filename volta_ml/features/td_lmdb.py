@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from .base import (FeatureStore, LmdbStoreMixin, StoreWriter, create_fresh_lmdb,
                    shared_readonly_env)
-from .records import FeatureStoreError, IncompleteStoreError
+from .records import FeatureStoreError, IncompleteStoreError, image_size, whole_pixels
 from .safe_pickle import safe_loads
 from .volta_lmdb import record_from_volta_dict
 
@@ -89,6 +89,14 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def box_count(value) -> int:
+    """A record's num_boxes ("36", "36.0", 36): a whole number, else ValueError."""
+    count = float(_text(value))
+    if not count.is_integer():
+        raise ValueError(f"num_boxes {_text(value)!r}")
+    return int(count)
+
+
 def split_images(store: str, key: str, item):
     """-> [(image_id, dict with VOLTA's per-image fields)] for one td record."""
     if isinstance(item, (list, tuple)):
@@ -96,8 +104,12 @@ def split_images(store: str, key: str, item):
             raise FeatureStoreError(store, f"list record with {len(item)} fields; the CC layout "
                                     f"has {len(_CC_FIELDS)}", key)
         d = dict(zip(_CC_FIELDS, item))
-        for name in ("img_h", "img_w", "num_boxes"):
-            d[name] = int(_text(d[name]))
+        try:   # TSV strings, "877" or "877.0": VOLTA's reader takes float(image_h), float(image_w)
+            d["img_h"], d["img_w"] = image_size(d["img_h"]), image_size(d["img_w"])
+            d["num_boxes"] = box_count(d["num_boxes"])
+        except ValueError as err:
+            raise FeatureStoreError(store, f"Conceptual Captions record with a bad num_boxes / image_h / image_w "
+                                           f"({err})", key) from None
         return [(_text(d["img_id"]), d)]
     if not isinstance(item, dict):
         raise FeatureStoreError(store, f"record is a {type(item).__name__}", key)
@@ -224,9 +236,10 @@ class TdLmdbWriter(StoreWriter):
             self._txn = self._env.begin(write=True)
 
     def put(self, image_id, features, boxes, image_w, image_h, **extra) -> None:
+        w, h = whole_pixels(self.path, str(image_id), image_size(image_w), image_size(image_h))
         item = {"features": np.asarray(features, dtype=np.float32),
                 "boxes": np.asarray(boxes, dtype=np.float32), **extra,
-                "img_w": np.int64(image_w), "img_h": np.int64(image_h), "img_id": str(image_id)}
+                "img_w": np.int64(w), "img_h": np.int64(h), "img_id": str(image_id)}
         self.put_record(item)
         self._ids.add(str(image_id))
 

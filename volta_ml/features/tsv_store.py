@@ -59,10 +59,9 @@ def parse_tsv_line(store: str, line: str, line_no: int):
     row = dict(zip(columns, cells))
     try:
         n = int(row["num_boxes"])
-        w = int(row.get("img_w", row.get("image_w")))
-        h = int(row.get("img_h", row.get("image_h")))
     except ValueError as err:
         raise FeatureStoreError(store, f"line {line_no}: bad integer field ({err})", key) from None
+    w, h = row.get("img_w", row.get("image_w")), row.get("img_h", row.get("image_h"))   # make_record parses them
     features = _b64_array(store, key, "features", row["features"], np.float32, n)
     boxes = _b64_array(store, key, "boxes", row["boxes"], np.float32, n)
     extra_names = () if columns is CAFFE_COLUMNS else columns[3:7] + columns[10:]

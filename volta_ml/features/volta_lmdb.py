@@ -26,7 +26,7 @@ import numpy as np
 
 from .base import (FeatureStore, LmdbStoreMixin, StoreWriter, create_fresh_lmdb,
                    shared_readonly_env)
-from .records import (FeatureDimError, FeatureStoreError, IncompleteStoreError, make_record)
+from .records import (FeatureDimError, FeatureStoreError, IncompleteStoreError, make_record, whole_pixels)
 from .safe_pickle import safe_loads
 
 KEYS_KEY = b"keys"
@@ -170,8 +170,9 @@ class VoltaLmdbWriter(StoreWriter):
             raise FeatureDimError(self.path, f"feature dimension {record.feature_dim} but the store "
                                   f"holds {self._feature_dim}-d features", str(image_id))
         if self.encoding == "raw":
+            w, h = whole_pixels(self.path, str(image_id), record.image_w, record.image_h)
             item = {"features": record.features, "boxes": record.boxes, **extra,
-                    "img_w": np.int64(record.image_w), "img_h": np.int64(record.image_h),
+                    "img_w": np.int64(w), "img_h": np.int64(h),
                     "img_id": str(image_id)}
         else:
             item = {"feature_path": extra.pop("feature_path", str(image_id)),

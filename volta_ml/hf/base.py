@@ -57,6 +57,7 @@ class ModelSpec:
     extra: dict = field(default_factory=dict)  # backend-specific options (e.g. M-CLIP's image tower)
     allow_missing_keys: bool = False  # load weights that miss / add tensors (recorded; otherwise refused)
     adapter: str | None = None      # generative models: a peft (LoRA) adapter folder applied on top of the model
+    allow_adapter_base_mismatch: bool = False  # apply an adapter that records another base model (recorded)
 
 
 @runtime_checkable

@@ -15,8 +15,8 @@ Encoder-decoder LMs: the letter rule reads the decoder's first token after its s
 a continuation is tokenised alone (the decoder starts from its start token); the open rule runs the encoder once
 and the decoder on the K continuations; no position ids (relative attention).
 
-`vqa_frame`: the short-answer VQA frame of the family's paper (BLIP-2 §4.2; InstructBLIP as BLIP-2 with its LM),
-which `iglue-hf` xGQA uses.
+`vqa_frame`: the short-answer VQA frame of the family's paper (BLIP-2 §4.1, "Zero-shot VQA"; InstructBLIP as BLIP-2
+with its LM), which `iglue-hf` xGQA uses.
 """
 from __future__ import annotations
 

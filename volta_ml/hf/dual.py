@@ -15,7 +15,7 @@ from PIL import Image
 
 from .base import ModelSpec
 from .loading import (ModelLoadError, blank_image, check_weights, float_dtype, input_device, is_local,
-                      load_model, load_processor, one_line, read_config, source, torch_dtype)
+                      load_model, load_processor, one_line, read_config, source, torch_dtype, weights_errors)
 
 
 def _features(out) -> torch.Tensor:
@@ -82,10 +82,13 @@ def _load_state(spec: ModelSpec) -> dict:
         file = cached_file(source(spec), name, revision=spec.revision, _raise_exceptions_for_missing_entries=False)
         if file:
             try:
-                if name.endswith(".safetensors"):
-                    from safetensors.torch import load_file
-                    return load_file(file)
-                return torch.load(file, map_location="cpu", weights_only=True)
+                with weights_errors(spec.model, file):
+                    if name.endswith(".safetensors"):
+                        from safetensors.torch import load_file
+                        return load_file(file)
+                    return torch.load(file, map_location="cpu", weights_only=True)
+            except ModelLoadError:
+                raise
             except Exception as error:  # a damaged or truncated file: say which, in one line
                 raise ModelLoadError(f"{spec.model}: cannot read {file}: {one_line(error)}") from None
     raise ModelLoadError(f"{spec.model}: no pytorch_model.bin or model.safetensors (M-CLIP weights)")

@@ -18,7 +18,10 @@ absent: the template's own default, e.g. Qwen3.5 and GLM-4.6V think, Gemma 4 doe
 rendering, refused where the template has no such switch, and recorded (`template_options`). Without a chat
 template (or `spec.extra["chat_template"] = False`) the frame is the family's (`Family.fallback`): LLaVA-like
 `<image>\\n` per image then the prompt; PaliGemma `<image>` per image then the prompt (its processor adds BOS and
-the closing newline); BLIP family the prompt as is. `self.prompt_format` says which was used.
+the closing newline); BLIP family the prompt as is. A processor that places the image tokens itself (Fuyu's: the
+patch rows, BOS, the prompt, `<0x04>`) is detected at load (`_own_placement`) and framed as the BLIP family: the
+prompt as is, a blank image for the blind control, and what it writes after the prompt as the frame's end.
+`self.prompt_format` says which was used.
 
 Positions come from each batch's own inputs, never from state the model keeps between calls (Qwen-VL's and GLM's
 `rope_deltas` of the previous batch): `prompt_positions(batch)` is the model's `get_rope_index` on this batch for
@@ -31,8 +34,9 @@ repeated), `token_type_ids` / `mm_token_type_ids` over the continuation (0 = tex
 Blind control (`None` images): families whose processor runs without an image get none (a text-only prompt);
 those whose processor requires an image (`Family.needs_image`: PaliGemma, BLIP family) get `blank_image()`.
 
-At load, one forward of a one-word blind prompt: a model type whose own forward fails in the installed
-transformers (Llama 4 in 5.24) is one `ModelLoadError` line naming it and the version.
+At load, probes run the model's own code (one forward of a one-word blind prompt; the processor on blank images):
+a model type whose code fails there in the installed transformers (Llama 4's forward in 5.24, an Aria processor's
+KeyError) is one `ModelLoadError` line naming it, the probe and the version (`_load_probe`).
 
 Scoring.
 - `choice_logits` (the CVQA paper's MMLU-style letter rule): a choice's score is the next-token logit of the letter
@@ -62,6 +66,8 @@ gives MaRVL's two photos as two images when the backend takes two, else the side
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import inspect
 import re
 from typing import Sequence
@@ -71,10 +77,11 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .base import LETTER_SPELLINGS, BackendInputError, ChoiceTokenError, ModelSpec
-from .families import family
+from .families import Family, family
 from .loading import (ModelLoadError, attach_adapter, blank_image, float_dtype, input_device, load_model,
                       load_processor, one_line)
 
+PROBE_PROMPTS = ("A", "B")          # two prompts whose encodings differ in the last token only (the frame's end)
 NOT_INPUTS = ("labels",)             # processor outputs that the forward takes but that are not inputs (a loss)
 # per-token keys (shape [B, L, ...]) and how a continuation extends them: a fill value, or "last" (repeat the
 # prompt's last position, as Mllama's generate does for cross_attention_mask)
@@ -149,7 +156,7 @@ class GenerativeBackend:
             load_model(AutoModelForImageTextToText, spec, "a generative image-text model")
         self.processor = processor if processor is not None else load_processor(AutoProcessor, spec)
         if spec.adapter:   # a LoRA adapter (volta-ml train --hf_backend mllm): injected into self.model in place
-            attach_adapter(self.model, spec.adapter).eval()
+            attach_adapter(self.model, spec).eval()
         self.tokenizer = self.processor.tokenizer
         cfg = self.model.config
         self.family = family(cfg.model_type)
@@ -168,8 +175,11 @@ class GenerativeBackend:
         use_template = spec.extra.get("chat_template", True) and getattr(self.processor, "chat_template", None)
         self.enable_thinking = spec.extra.get("enable_thinking")
         self.template_options = self._template_options(use_template)
+        if not use_template and self.family.fallback == "image_newline":
+            self.family = self._own_placement() or self.family
         self.prompt_format = "chat_template" if use_template else {
-            "as_is": "fallback: prompt as is (the processor places the image tokens)",
+            "as_is": "fallback: prompt as is (the processor places the image tokens"
+                     + (f", appends {self.family.frame_end!r}" if self.family.frame_end else "") + ")",
             "image_prefix": "fallback: <image> per image, then the prompt (the processor adds BOS and \\n)",
             "image_newline": "fallback: <image>\\n per image"}[self.family.fallback]
         self.max_images = self._max_images(spec.extra.get("max_images"))
@@ -290,20 +300,69 @@ class GenerativeBackend:
         return out
 
     # ---- load-time checks and options -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _load_probe(self, what: str):
+        """Every load-time probe runs inside this: whatever the model's own code raises there (Llama 4's forward,
+        an Aria processor that ignores its saved image size: a KeyError) is one `ModelLoadError` line naming the
+        model type and the installed transformers, not a traceback."""
+        import transformers
+        try:
+            yield
+        except (torch.OutOfMemoryError, ModelLoadError, BackendInputError):
+            raise
+        except Exception as e:
+            raise ModelLoadError(f"{self.spec.model}: model type {self.model.config.model_type!r} fails in {what} of "
+                                 f"the installed transformers {transformers.__version__} ({type(e).__name__}: "
+                                 f"{one_line(e)}); run it with a transformers version that supports it") from None
+
     def _check_forward(self) -> None:
         """One forward of a one-word blind prompt at load: a model type whose own forward fails in the installed
         transformers (Llama 4 in 5.24: its output class lacks a field the forward reads) is one line naming it,
         not a traceback at the first batch."""
-        import transformers
+        with self._load_probe("the forward"), torch.inference_mode():
+            self._next_token_logits(self._batch([[None]], ["?"]))
+
+    def _image_token_id(self) -> int | None:
+        cfg = self.model.config
+        image_id = getattr(cfg, "image_token_id", None)
+        return getattr(cfg, "image_token_index", None) if image_id is None else image_id
+
+    def _probe_ids(self, text: str, num_images: int) -> list[int]:
+        """The processor's input ids for `text` with `num_images` blank images."""
+        enc = self.processor(text=[text], images=[[blank_image()] * num_images], return_tensors="pt",
+                             add_special_tokens=self._special_tokens(text))
+        return enc["input_ids"][0].tolist()
+
+    def _own_placement(self) -> Family | None:
+        """Without a chat template: the family row of a processor that places the image tokens itself (Fuyu's
+        writes the patch rows, BOS and its beginning-of-answer marker around a prompt that names no image), else
+        None. Probed at load: a prompt without any placeholder plus one blank image gets image tokens. Such a
+        processor gets the prompt as is (the default `<image>\\n` frame would give it a second image token), the
+        blind control a blank image (the processor frames the prompt only around an image), and what it writes
+        after the prompt (the tokens two prompts' encodings end with alike, as text) is the frame's end, after
+        which the letter and the continuations are read. A processor that refuses an image without its
+        placeholder places none itself."""
+        image_id = self._image_token_id()
+        if image_id is None:
+            return None
         try:
-            with torch.inference_mode():
-                self._next_token_logits(self._batch([[None]], ["?"]))
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as e:
-            raise ModelLoadError(f"{self.spec.model}: model type {self.model.config.model_type!r} fails in the forward "
-                                 f"of the installed transformers {transformers.__version__} ({type(e).__name__}: "
-                                 f"{one_line(e)}); run it with a transformers version that supports it") from None
+            first = self._probe_ids(PROBE_PROMPTS[0], 1)
+        except Exception:   # noqa: BLE001 - its refusal is the answer: the placeholder must be in the text
+            return None
+        if image_id not in first:
+            return None
+        with self._load_probe("its processor (a prompt with one blank image)"):
+            second = self._probe_ids(PROBE_PROMPTS[1], 1)
+        width = 0
+        while width < min(len(first), len(second)) and first[-1 - width] == second[-1 - width]:
+            width += 1
+        tail = first[len(first) - width:]
+        end = self.tokenizer.decode(tail) if tail else ""
+        head = self.tokenizer(PROBE_PROMPTS[0], add_special_tokens=False)["input_ids"]
+        if self.tokenizer(PROBE_PROMPTS[0] + end, add_special_tokens=False)["input_ids"] != head + tail:
+            raise ModelLoadError(f"{self.spec.model}: its processor writes tokens {tail} after the prompt that its "
+                                 f"tokenizer does not write as text ({end!r}); the answer's position is unknown")
+        return dataclasses.replace(self.family, fallback="as_is", needs_image=True, frame_end=end)
 
     def _template_options(self, template) -> dict:
         """The chat template's switches set in spec.extra (`enable_thinking`: None = the template's own default);
@@ -332,20 +391,17 @@ class GenerativeBackend:
     def _places_second_image(self) -> bool:
         """Whether the processor puts a second image of a prompt into the text: the model's image tokens for two
         blank images differ in number from those for one (most processors: twice as many; LLaVA-OneVision
-        switches to its multi-image mode)."""
-        cfg = self.model.config
-        image_id = getattr(cfg, "image_token_id", None)
-        image_id = getattr(cfg, "image_token_index", None) if image_id is None else image_id
+        switches to its multi-image mode). A processor that refuses two images (Fuyu's) places one."""
+        image_id = self._image_token_id()
         if image_id is None:
             return False
-
-        def count(n: int) -> int:
-            text = self.render("?", n)
-            enc = self.processor(text=[text], images=[[blank_image()] * n], return_tensors="pt",
-                                 add_special_tokens=self._special_tokens(text))
-            return int((enc["input_ids"] == image_id).sum())
-        one = count(1)
-        return count(2) not in (0, one)
+        with self._load_probe("its processor (a prompt with one blank image)"):
+            one = self._probe_ids(self.render("?", 1), 1).count(image_id)
+        try:
+            two = self._probe_ids(self.render("?", 2), 2).count(image_id)
+        except Exception:   # noqa: BLE001 - a processor that takes one image per prompt may refuse two
+            return False
+        return two not in (0, one)
 
     # ---- prompts ---------------------------------------------------------------------------------------------
     def _conversation(self, prompt: str, num_images: int, reply: str | None = None) -> list[dict]:

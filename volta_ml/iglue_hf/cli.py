@@ -41,12 +41,20 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                              "(default per task: " + ", ".join(f"{k}: {v}" for k, v in DEFAULT_TEMPLATES.items()) + ")")
     parser.add_argument("--marvl_layout", default="auto", choices=["auto", "canvas", "multi"],
                         help="MaRVL: both images in the prompt (multi) or side by side in one canvas")
+    parser.add_argument("--max_new_tokens", type=int, default=10, help="xgqa generate: answer length limit")
+    add_run_flags(parser, "iglue_hf_results.json")
+
+
+def add_run_flags(parser: argparse.ArgumentParser, results_file: str) -> None:
+    """The flags of a run of HF tasks (`volta-ml iglue-hf`, `volta-ml suite`): batches, chunks, output, resume."""
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--chunk_size", type=int, default=64, help="items per saved chunk (unit of resume/shard)")
-    parser.add_argument("--max_new_tokens", type=int, default=10, help="xgqa generate: answer length limit")
+    parser.add_argument("--allow_adapter_base_mismatch", action="store_true",
+                        help="mllm: apply an --adapter that records another base model than --model (refused "
+                             f"otherwise); the mismatch is recorded in {results_file} (loading_report)")
     parser.add_argument("--allow_missing_keys", action="store_true",
                         help="score weights that miss (or add) tensors of the architecture instead of refusing "
-                             "them; the keys are recorded in iglue_hf_results.json")
+                             f"them; the keys are recorded in {results_file}")
     parser.add_argument("--name", default=None, help="row name in the tables (default: the model folder name)")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--work_dir", default=None)
@@ -59,26 +67,32 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                         help=argparse.SUPPRESS)
 
 
-def run_command(args) -> int:
+def run_one_line(run, args, prog: str) -> int:
+    """`run(options)`; what a user's flags, files or model can cause ends in one line, exit 2; anything else is a
+    bug (a traceback)."""
     from volta_ml.data.annotations import AnnotationError
     from volta_ml.engine.distributed import finish_process
     from volta_ml.engine.failures import UsageError
     from volta_ml.hf import BackendInputError, ChoiceTokenError, ModelLoadError, UnknownBackendError
 
     from .images import MissingImagesError
-    from .run import run_iglue_hf
     from .tasks import BackendTaskError
 
     options = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
-    # what a user's flags, files or model can cause: one line, exit 2; anything else is a bug (a traceback)
     user_errors = (UsageError, FileNotFoundError, MissingImagesError, AnnotationError, BackendTaskError,
                    BackendInputError, ChoiceTokenError, ModelLoadError, UnknownBackendError)
     try:
-        run_iglue_hf(options)
+        run(options)
     except user_errors as err:
-        print(f"volta-ml iglue-hf: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return finish_process(2)
     return finish_process(0)
+
+
+def run_command(args) -> int:
+    from . import run
+
+    return run_one_line(lambda options: run.run_iglue_hf(options), args, "volta-ml iglue-hf")
 
 
 def register(subparsers) -> None:

@@ -8,7 +8,9 @@ family table, `volta_ml/hf/families.py` (rows with a `projector`).
 - Everything else is frozen (peft freezes the base model), except the parts `--train_parts` / `--train_projector`
   add (`finetune.py`): the vision tower, the projector, trained in full and saved with the adapter (peft's
   `modules_to_save`).
-- `--hf_adapter DIR` starts from a saved adapter instead (its own r / alpha / targets / projector), trainable.
+- `--hf_adapter DIR` starts from a saved adapter instead (its own r / alpha / targets / projector), trainable, after
+  the checks of every adapter (`hf/loading.attach_adapter`: every tensor loads, the recorded base model is this one
+  unless `--allow_adapter_base_mismatch`).
 """
 from __future__ import annotations
 
@@ -49,17 +51,26 @@ def lora_targets(model: nn.Module, names: list[str], what: str) -> list[str]:
     return [f"{prefix}.{name}" for name, leaf in linear.items() if leaf in names]
 
 
-def add_lora(model: nn.Module, fam: Family, args, what: str, parts: frozenset[str] = frozenset({"language"}),
+def add_lora(model: nn.Module, fam: Family, args, spec, parts: frozenset[str] = frozenset({"language"}),
              modules: dict[str, str] | None = None):
-    """The `PeftModel` around `model` (modified in place): a new LoRA from the flags, or `--hf_adapter`'s. `parts`
-    (`finetune.plan`): the parts trained besides the adapters ("vision", "projector": in full, peft's
-    `modules_to_save`); `modules`: their qualified names (`finetune.part_modules`)."""
+    """The `PeftModel` around `model` (loaded from the `ModelSpec` `spec`, modified in place): a new LoRA from the
+    flags, or `--hf_adapter`'s (checked as every adapter is: `hf.loading.attach_adapter`). The adapter's config
+    records `spec` as its base (model and revision). `parts` (`finetune.plan`): the parts trained besides the
+    adapters ("vision", "projector": in full, peft's `modules_to_save`); `modules`: their qualified names
+    (`finetune.part_modules`)."""
+    import dataclasses
+
     from peft import LoraConfig, get_peft_model
 
     from volta_ml.hf.loading import ModelLoadError, attach_adapter
+    what = spec.model
+    if getattr(args, "allow_adapter_base_mismatch", False) and not args.hf_adapter:
+        raise UsageError("--allow_adapter_base_mismatch: no --hf_adapter to start from")
     if args.hf_adapter:
         try:
-            return attach_adapter(model, args.hf_adapter, trainable=True)
+            return attach_adapter(model, dataclasses.replace(
+                spec, adapter=args.hf_adapter,
+                allow_adapter_base_mismatch=bool(getattr(args, "allow_adapter_base_mismatch", False))), trainable=True)
         except ModelLoadError as error:
             raise UsageError(f"--hf_adapter: {error}") from None
     names = [n.strip() for n in (args.lora_target or ",".join(fam.lora_targets)).split(",") if n.strip()]
@@ -71,7 +82,7 @@ def add_lora(model: nn.Module, fam: Family, args, what: str, parts: frozenset[st
     config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
                         target_modules=lora_targets(model, names, what), bias="none",
                         modules_to_save=saved or None)
-    peft_model = get_peft_model(model, config)
+    peft_model = get_peft_model(model, config, revision=spec.revision)
     if "vision" in parts and "projector" not in parts:   # the projector's copy inside the saved tower stays frozen
         named = list(peft_model.named_parameters())
         part = part_of_names([name for name, _ in named], modules)

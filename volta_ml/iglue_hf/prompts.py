@@ -15,7 +15,7 @@ Rules:
 A backend may carry `vqa_frame`, the frame its family's paper used for short-answer VQA; xGQA's user turn is then
 that frame around the question instead of the instruction above (BLIP-2 and InstructBLIP, whose LMs were not
 instruction-tuned on it: "Question: {} Answer:" for decoder-only LMs (OPT, BLOOM), "Question: {} Short answer:"
-for T5 LMs, BLIP-2 paper §4.2).
+for T5 LMs, BLIP-2 paper §4.1, "Zero-shot VQA").
 Changing any text here changes results: bump PROMPTS_VERSION (v2: the BLIP-family VQA frames).
 """
 from __future__ import annotations

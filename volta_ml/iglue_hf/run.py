@@ -8,6 +8,8 @@ sharded over ranks and resumable by chunks, and writes on rank 0:
   image layout, backend spec, timing;
 - `predictions.jsonl` (generative) or eval_retrieval's `<split>_result.json`, `<split>_others.json`,
   `<split>_scores.npy`, `<split>_retrieval.json` (retrieval);
+- `<split>_items.jsonl`: each item's score (or each query's recall hits; volta_ml/stats.py), for the report's
+  confidence intervals and `volta-ml compare`;
 - `result.json` (unless `record=False`): the record `volta-ml report` places into IGLUE's CSVs;
 - the zoo's log lines, so a sweep cell's record step reads the score the same way: `Validation [<Title>]:
   loss 0.000 score <acc> ` on stderr (XVNLI, MaRVL), the bare accuracy as the last stdout line (xGQA), the two
@@ -39,7 +41,8 @@ DEFAULTS = {"rule": None, "annotations": None, "data_root": None, "image_templat
             "chunk_size": 64, "max_new_tokens": 10, "marvl_layout": "auto", "name": None, "revision": None,
             "dtype": "fp32", "device": "cpu", "device_map": None, "work_dir": None, "no_resume": False,
             "keep_chunks": False, "record": True, "progress": True, "vocabulary": None, "local_rank": -1,
-            "extra": None, "allow_missing_keys": False, "text_base": None, "adapter": None}
+            "extra": None, "allow_missing_keys": False, "text_base": None, "adapter": None,
+            "allow_adapter_base_mismatch": False}
 REQUIRED = ("task", "backend", "model", "lang", "protocol", "images", "output_dir")
 
 
@@ -64,7 +67,8 @@ def load_backend(kind: str, model: str, options: dict):
                                 device=options["device"], device_map=options["device_map"],
                                 extra=dict(options["extra"] or {}),
                                 allow_missing_keys=bool(options["allow_missing_keys"]),
-                                adapter=options["adapter"]))
+                                adapter=options["adapter"],
+                                allow_adapter_base_mismatch=bool(options["allow_adapter_base_mismatch"])))
 
 
 def run_iglue_hf(options: dict, backend=None) -> dict | None:
@@ -81,6 +85,8 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
     rule = opts["rule"] or DEFAULT_RULES[task]
     if opts["adapter"] and opts["backend"] != "mllm":
         raise UsageError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {opts['backend']})")
+    if opts["allow_adapter_base_mismatch"] and not opts["adapter"]:
+        raise UsageError("--allow_adapter_base_mismatch: no --adapter to apply")
     annotation = annotation_path(task, lang, protocol, opts["data_root"], opts["annotations"])
     data = read_task(task, annotation, lang)
     source = ImageSource(opts["images"], opts["image_template"] or DEFAULT_TEMPLATES[task])
@@ -95,6 +101,8 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
                    "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
                    "backend": opts["backend"], "prompts": PROMPTS_VERSION, "batch_size": opts["batch_size"],
                    "extra": opts["extra"] or {}, "adapter": opts["adapter"], **model_contents(opts)}
+    if opts["allow_adapter_base_mismatch"]:   # added later: in the key only when set, so older runs resume
+        fingerprint["allow_adapter_base_mismatch"] = True
     info = init_distributed(opts["local_rank"], None if opts["device_map"] else opts["device"])
     try:
         if backend is None:       # each rank on its own device (cuda:<local rank> under torchrun / srun)
@@ -121,13 +129,14 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
             "task": task, "title": TASKS[task].title, "lang": lang, "protocol": PROTOCOLS[protocol],
             "model": opts["name"] or _model_name(opts["model"], opts["adapter"]), "backend": opts["backend"],
             "spec": {"model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
-                     "extra": opts["extra"] or {}, "adapter": opts["adapter"]},
+                     "extra": opts["extra"] or {}, "adapter": opts["adapter"],
+                     **({"allow_adapter_base_mismatch": True} if opts["allow_adapter_base_mismatch"] else {})},
             "rule": rule, "prompts_version": PROMPTS_VERSION, "annotations": annotation,
             "image_root": str(opts["images"]), "image_template": source.template, "split": split,
             "world_size": info.world_size, "seconds": round(seconds, 3), **result,
         }
         accepted = loading_report(backend)
-        if accepted:      # --allow_missing_keys: what the weights lacked or added
+        if accepted:      # --allow_missing_keys, --allow_adapter_base_mismatch: what was accepted at load
             results["loading_report"] = accepted
         results["examples_per_second"] = round(results["n_examples"] / max(seconds, 1e-9), 3)
         atomic_write_json(out_dir / "iglue_hf_results.json", results, indent=1, ensure_ascii=False)
@@ -136,6 +145,7 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
                 "id": f"iglue_hf/{results['model']}/{task}/{lang}/{PROTOCOLS[protocol]}",
                 "stage": PROTOCOLS[protocol], "protocol": PROTOCOLS[protocol], "model": results["model"],
                 "task": task, "lang": lang, "shot": None, "lr": None, "seed": None, "metrics": result["metrics"],
+                "items": f"{split}_items.jsonl",
                 "backend": opts["backend"], "rule": rule, "status": "done",
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
         if not opts["keep_chunks"]:

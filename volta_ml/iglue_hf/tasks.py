@@ -19,6 +19,7 @@ from volta_ml.engine.retrieval import save_array
 from volta_ml.hf.base import DualEncoder, Generative
 from volta_ml.protocols.hf_kinds import NEEDS
 from volta_ml.protocols.iglue import TASKS
+from volta_ml.stats import unique_ids, write_items
 from volta_ml.tasks.retrieval_metrics import top_images
 
 from .images import side_by_side
@@ -69,20 +70,15 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
     frame = getattr(backend, "vqa_frame", None)
     prompts = [user_turn(task, rule_name, e, layout, frame) for e in examples]
     context = {"max_new_tokens": opts["max_new_tokens"], "vocabulary": opts["vocabulary"]}
-    batch = max(1, opts["batch_size"])
 
-    def compute(rows: range) -> dict:
-        parts = []
-        for start in range(rows.start, rows.stop, batch):
-            stop = min(start + batch, rows.stop)
-            images = [example_images(examples[i], source, layout) for i in range(start, stop)]
-            with torch.inference_mode():
-                parts.append(rule.score(backend, images, prompts[start:stop], context))
-        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    def score_batch(rows: range) -> dict:
+        images = [example_images(examples[i], source, layout) for i in rows]
+        return rule.score(backend, images, prompts[rows.start:rows.stop], context)
 
-    arrays = map_chunks(len(examples), opts["chunk_size"], compute, work_dir=work_dir,
-                        fingerprint=dict(fingerprint, layout=layout, max_new_tokens=opts["max_new_tokens"]),
-                        info=info, desc=f"{task} {rule_name}", progress=opts["progress"])
+    arrays = score_items(len(examples), score_batch, batch_size=opts["batch_size"], chunk_size=opts["chunk_size"],
+                         work_dir=work_dir, fingerprint=dict(fingerprint, layout=layout,
+                                                             max_new_tokens=opts["max_new_tokens"]),
+                         info=info, desc=f"{task} {rule_name}", progress=opts["progress"])
     if not info.is_main:
         return None
     predictions = rule.predict(arrays, context)
@@ -97,6 +93,7 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
         for row, raw in zip(rows, arrays["answers"].tolist()):
             row["generated"] = raw
     write_predictions(out_dir / "predictions.jsonl", rows)
+    write_items(out_dir / f"{split}_items.jsonl", generative_items(rows, "parse_failure_rate" in metrics))
     log_score(task, score)
     n_images = 1 if layout == "canvas" else len(examples[0].images)   # a MaRVL canvas is one image
     return {"metrics": metrics, "n_examples": len(examples), "rule_description": rule.describe,
@@ -104,6 +101,37 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
             "first_prompt_rendered": backend.render(prompts[0], n_images),
             "prompt_format": getattr(backend, "prompt_format", None),
             "qformer_truncated": getattr(backend, "qformer_truncated", None)}
+
+
+def generative_items(rows: list[dict], parsed: bool) -> list[dict]:
+    """Per-item rows (volta_ml/stats.py): `score` 100 for an exact match, and with the generate rule of a multiple
+    choice task `parse_failure_rate` 100 for an answer that named no option; ids as the zoo's eval names them."""
+    out = []
+    for item, row in zip(unique_ids(r["id"] for r in rows), rows):
+        values = {"id": item, "score": 100.0 * (row["prediction"] == row["label"])}
+        if parsed:
+            values["parse_failure_rate"] = 100.0 * (row["prediction"] == "")
+        out.append(values)
+    return out
+
+
+def score_items(n: int, score_batch, *, batch_size: int, chunk_size: int, work_dir: str, fingerprint: dict,
+                info, desc: str, progress: bool = True) -> dict:
+    """The one scoring loop of the Hugging Face tasks (IGLUE's and the suite's): `score_batch(rows) -> {name:
+    array with len(rows) rows}` over `n` items in batches of `batch_size`, saved per chunk of `chunk_size` items in
+    the resumable chunk store (`engine/chunks.map_chunks`: chunk k on rank k % world size); every rank gets the
+    arrays of all items, in item order."""
+    batch = max(1, batch_size)
+
+    def compute(rows: range) -> dict:
+        parts = []
+        for start in range(rows.start, rows.stop, batch):
+            with torch.inference_mode():
+                parts.append(score_batch(range(start, min(start + batch, rows.stop))))
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    return map_chunks(n, chunk_size, compute, work_dir=work_dir, fingerprint=fingerprint, info=info, desc=desc,
+                      progress=progress)
 
 
 def write_predictions(path, rows: list[dict]) -> None:
@@ -147,7 +175,8 @@ def run_retrieval(backend, data, source, *, info, work_dir, fingerprint, opts, o
         return None
     scores = texts @ images.T                      # captions x images cosine similarities
     caption_image = np.asarray(data.caption_image, dtype=np.int64)
-    report = print_report(scores, caption_image, SimpleNamespace(no_running_lines=True, num_subiters=1, shortlist=0))
+    report = print_report(scores, caption_image, SimpleNamespace(no_running_lines=True, num_subiters=1, shortlist=0),
+                          str(out_dir / f"{split}_items.jsonl"))
     save_array(str(out_dir / f"{split}_scores.npy"), scores.astype(np.float32))
     atomic_write_json(out_dir / f"{split}_result.json", top_images(scores))
     atomic_write_json(out_dir / f"{split}_others.json", [])

@@ -261,7 +261,7 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
             raise UsageError(f"--gradient_checkpointing: {error}") from None
     modules = finetune.part_modules(backend.model, family.projector, spec.model)
     if plan.mode == "lora":
-        trained = lora.add_lora(backend.model, family, args, spec.model, plan.parts, modules)
+        trained = lora.add_lora(backend.model, family, args, spec, plan.parts, modules)
     else:
         finetune.freeze_full(backend.model, modules, plan.parts)
         trained = backend.model
@@ -284,8 +284,11 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
             encoding="utf-8")
     barrier(info)
     module = GenerativeForTraining(trained, backend)
+    # --allow_adapter_base_mismatch: what the --hf_adapter's recorded base differs in (the summary records it)
+    mismatch = (getattr(backend.model, "volta_loading_report", None) or {}).get("adapter_base_mismatch")
     if plan.mode == "lora":
         how = ((f"from {args.hf_adapter}: " if args.hf_adapter else "")
+               + (f"(adapter base mismatch accepted: {mismatch}) " if mismatch else "")
                + f"LoRA r {lora_config.r}, alpha {lora_config.lora_alpha}, dropout {lora_config.lora_dropout}, "
                f"{len(lora_config.target_modules)} modules; " + plan.describe())
     else:

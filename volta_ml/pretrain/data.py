@@ -3,9 +3,11 @@
 Contract (the pretraining job codes against it):
 
 `ConceptCapData(annotations_path, features_path, tokenizer, seq_len, split="train", objective=0, num_locs=5,
-add_global_imgfeat=None, rank=None, seed=0, region_len=36, visual_target_weights=None, token_cache=None)` is a
-map-style torch Dataset with one sample per image record; `len()` is the record count (VOLTA's `num_dataset`).
-`token_cache` (a `volta_ml.data.cache.TokenCache`) keeps the encoded captions file between runs and ranks.
+add_global_imgfeat=None, rank=None, seed=0, region_len=36, visual_target_weights=None, token_cache=None,
+feature_dim=None, feature_dim_from="v_feature_size")` is a map-style torch Dataset with one sample per image record;
+`len()` is the record count (VOLTA's `num_dataset`). `token_cache` (a `volta_ml.data.cache.TokenCache`) keeps the
+encoded captions file between runs and ranks. `feature_dim` (the model's `v_feature_size`; `feature_dim_from` says
+where it comes from, for the message) is the region feature width every record must have.
 `ds.sharded` is True when the file read is this rank's part of VOLTA's distributed layout (training split with
 `rank`): shard nothing further. The validation split always reads all of `validation_feat_all.lmdb`.
 `set_epoch(epoch)` selects the epoch; `ds[i]` is a `ConceptCapExample` that depends only on (seed, epoch,
@@ -47,8 +49,10 @@ What the model's visual targets need (`visual_target_weights` of its config, VOL
 there: "0" (KL-1601) cls_prob with 1601 classes, "3" (LXMERT objects) object labels and confidences, "4"
 (LXMERT attributes) attribute labels and confidences, "6" (xent-1601) object labels; a field no target needs
 and the record lacks (or holds with another width) is zeros. A missing field, a caption id the captions file
-lacks, an image the store lacks, an unknown objective or visual target: `PretrainDataError` or
-`MissingImageError` (usage errors: one line, exit code 2).
+lacks, an image the store lacks, features of another width than `feature_dim`, a captions file without captions
+where the split's images or the negative captions come from it, an unknown objective or visual target:
+`PretrainDataError`, `FeatureStoreError` or `MissingImageError` (usage errors: one line, exit code 2; checked on the
+first record before training, on the others when read).
 
 Objectives: the data of 0 and 1 is the same (half the captions replaced); 2 replaces none. Objective 1's
 rule that a replaced caption carries no masking target is applied to the batch by the training step
@@ -81,7 +85,7 @@ import numpy as np
 import torch
 
 from volta_ml.features import FeatureStoreError, MissingImageError, open_store
-from volta_ml.features.td_lmdb import TdLmdbStore, split_images, unpack_value
+from volta_ml.features.td_lmdb import TdLmdbStore, box_count, split_images, unpack_value
 from volta_ml.features.volta_lmdb import record_from_volta_dict
 
 from .losses import VISUAL_CRITERIA
@@ -252,12 +256,16 @@ class _TdRecords:
             raise FeatureStoreError(self.path, "Conceptual Captions record whose features "
                                     f"{getattr(features, 'shape', type(features))} and boxes "
                                     f"{getattr(boxes, 'shape', type(boxes))} do not match", key)
-        if int(_text(item[8])) != len(features):
+        try:   # TSV strings ("36", "877.0"): VOLTA's reader takes int(num_boxes), float(image_w), float(image_h)
+            num_boxes, image_w, image_h = box_count(item[8]), float(_text(item[10])), float(_text(item[9]))
+        except ValueError as err:
+            raise FeatureStoreError(self.path, f"Conceptual Captions record with a bad num_boxes / image_h / "
+                                               f"image_w ({err})", key) from None
+        if num_boxes != len(features):
             raise FeatureStoreError(self.path, f"num_boxes {_text(item[8])} but {len(features)} feature rows", key)
         fields = {f: item[p] for f, p in _CC_POSITIONS.items() if isinstance(item[p], np.ndarray)}
         caption = _text(item[12]) if len(item) > 12 and item[12] is not None else None
-        return _Raw(key, _text(item[11]), caption, features, boxes, float(_text(item[10])), float(_text(item[9])),
-                    fields)
+        return _Raw(key, _text(item[11]), caption, features, boxes, image_w, image_h, fields)
 
 
 class _StoreRecords:
@@ -339,7 +347,8 @@ class ConceptCapData(torch.utils.data.Dataset):
 
     def __init__(self, annotations_path, features_path, tokenizer, seq_len: int, split: str = "train",
                  objective: int = 0, num_locs: int = 5, add_global_imgfeat=None, rank: int | None = None,
-                 seed: int = 0, region_len: int = 36, visual_target_weights=None, token_cache=None):
+                 seed: int = 0, region_len: int = 36, visual_target_weights=None, token_cache=None,
+                 feature_dim: int | None = None, feature_dim_from: str = "v_feature_size"):
         if split not in CAPTION_FILES:
             raise PretrainDataError(f"split {split!r}: choose train or val")
         self.objective = check_objective(objective)
@@ -350,6 +359,7 @@ class ConceptCapData(torch.utils.data.Dataset):
         self.split, self.seq_len, self.num_locs, self.region_len = split, int(seq_len), int(num_locs), region_len
         self.add_global = ("first" if add_global_imgfeat else None) if split == "val" else add_global_imgfeat
         self.rank, self.seed, self.epoch = rank, int(seed), 0
+        self.feature_dim, self.feature_dim_from = feature_dim, feature_dim_from
         self.required = required_fields(visual_target_weights)
         self.text = TextEncoder(tokenizer)
         self.content_len = self.seq_len - self.text.num_special
@@ -368,6 +378,10 @@ class ConceptCapData(torch.utils.data.Dataset):
         self.caption_tokens = CaptionTokens.load_or_encode(self.text, self.caption_texts, self.captions_path,
                                                            getattr(token_cache, "cache_dir", None))
         self.num_negatives = min(self.num_dataset, len(self.caption_texts))   # VOLTA's pool: the first num_dataset
+        if self.num_negatives == 0 and self.objective != 2:
+            raise PretrainDataError(f"{self.captions_path}: no captions, but objective {self.objective} replaces half "
+                                    "the captions by negatives drawn from this file (VOLTA's pool: its first "
+                                    f"{self.num_dataset}); give the split's captions, or --objective 2")
         self._draws = 2 + 2 * self.content_len + region_len   # uniforms per sample (masking.py, draw layout)
         self._read(0)   # fail now, not in a DataLoader worker, when the first record lacks what is needed
 
@@ -384,6 +398,9 @@ class ConceptCapData(torch.utils.data.Dataset):
             store = open_store(path)
             records = _TdRecords(store) if isinstance(store, TdLmdbStore) else _StoreRecords(store, store.keys_list())
             return records, rank is not None and split == "train"
+        if not captions:
+            raise PretrainDataError(f"{self.captions_path}: no captions; with a feature store as --features_path "
+                                    f"the {split} split's images are this file's image ids")
         store = open_store(features_path)
         ids = list(captions)
         missing = [(i, n + 1) for n, i in enumerate(ids) if i not in store]
@@ -393,6 +410,10 @@ class ConceptCapData(torch.utils.data.Dataset):
 
     def _read(self, index: int) -> _Raw:
         raw = self.records.read(index)
+        if self.feature_dim is not None and raw.features.shape[1] != self.feature_dim:
+            raise PretrainDataError(f"{self.features_path}: record {raw.key!r} (image {raw.image_id}) has "
+                                    f"{raw.features.shape[1]}-wide region features, but {self.feature_dim_from} is "
+                                    f"{self.feature_dim}")
         for field, value in raw.fields.items():
             if value.ndim == 0 or len(value) != len(raw.features):
                 raise FeatureStoreError(self.features_path, f"{FIELD_NAMES[field][0]} of shape {value.shape} for "

@@ -157,7 +157,8 @@ def concap_sets(args, tokenizer, config, info: DistInfo):
     common = dict(annotations_path=args.annotations_path, features_path=args.features_path, tokenizer=tokenizer,
                   seq_len=args.max_seq_length, objective=args.objective, num_locs=config.num_locs,
                   add_global_imgfeat=getattr(config, "add_global_imgfeat", None), seed=args.seed,
-                  visual_target_weights=config.visual_target_weights, token_cache=token_cache(args))
+                  visual_target_weights=config.visual_target_weights, token_cache=token_cache(args),
+                  feature_dim=config.v_feature_size, feature_dim_from=f"v_feature_size of {args.config_file}")
     train = ConceptCapData(split="train", rank=rank, **common)
     if rank is not None:
         shortest = all_reduce_min(len(train), info)

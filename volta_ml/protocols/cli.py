@@ -54,11 +54,46 @@ def register(subparsers) -> None:
                               description="Tabulate sweep results (result.json) and IGLUE/VOLTA experiment logs "
                                           "(<model>/<task>/test.<lang>[_mt].err|out, "
                                           "<model>/<task>/<lang>/<shot>/test.err|out) under RESULTS_DIR.")
-    r.add_argument("results_dir")
+    r.add_argument("results_dir", nargs="?", default=None,
+                   help="folder of sweep results / IGLUE logs (default with --grid: the grid's output_dir)")
+    r.add_argument("--grid", default=None, help="a grid file: its output_dir is the results folder and its "
+                   "`baseline:` row the baseline")
     r.add_argument("--out", default=None, help="output folder (default: RESULTS_DIR/report)")
     r.add_argument("--digits", type=int, default=2, help="decimals in Markdown/LaTeX tables")
     r.add_argument("--no_plots", action="store_true")
+    r.add_argument("--baseline", default=None, metavar="ROW",
+                   help="compare every other row with this one (baseline.csv/md/tex); overrides the grid's")
+    add_stat_flags(r)
     r.set_defaults(func=cmd_report)
+
+
+def add_stat_flags(parser) -> None:
+    """The uncertainty flags of `report` and `compare` (volta_ml/stats.py)."""
+    from volta_ml import stats
+
+    g = parser.add_argument_group("uncertainty (bootstrap intervals, paired permutation tests)")
+    g.add_argument("--intervals", choices=("pm", "brackets", "none"), default="pm",
+                   help="Markdown/LaTeX cells: pm = `56.30 ± 1.20` (half the interval), brackets = "
+                   "`56.30 [55.10, 57.50]`, none = the value only")
+    g.add_argument("--confidence", type=float, default=stats.CONFIDENCE, help="interval level (default 0.95)")
+    g.add_argument("--resamples", type=int, default=stats.N_RESAMPLES, help="bootstrap resamples (default %(default)s)")
+    g.add_argument("--permutations", type=int, default=stats.N_PERMUTATIONS,
+                   help="sign patterns of the paired permutation test (default %(default)s; exact below 2^n)")
+    g.add_argument("--bootstrap_seed", type=int, default=stats.SEED, help="seed of the resampling (default 0)")
+    g.add_argument("--method", choices=("percentile", "BCa"), default="percentile",
+                   help="scipy.stats.bootstrap's interval method (default percentile)")
+
+
+def stat_options(args):
+    from volta_ml.stats import Options
+
+    if not 0 < args.confidence < 1:
+        raise UsageError(f"--confidence {args.confidence}: expected a level between 0 and 1, e.g. 0.95")
+    for flag in ("resamples", "permutations"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag} {getattr(args, flag)}: expected a positive number")
+    return Options(confidence=args.confidence, n_resamples=args.resamples, n_permutations=args.permutations,
+                   seed=args.bootstrap_seed, method=args.method, style=args.intervals)
 
 
 def _plan(args, write: bool):
@@ -162,6 +197,18 @@ def cmd_report(args) -> int:
     from .report import write_report
     from .results import collect
 
+    baseline = args.baseline
+    if args.grid:
+        from .errors import GridError
+        from .grid import load_grid
+        try:
+            grid = load_grid(args.grid)
+        except GridError as error:
+            raise UsageError(str(error)) from None
+        baseline = baseline or grid.baseline
+        args.results_dir = args.results_dir or str(grid.output_dir)
+    if not args.results_dir:
+        raise UsageError("give RESULTS_DIR or --grid GRID")
     root = Path(args.results_dir)
     if not root.is_dir():
         raise UsageError(f"{root}: not a directory")
@@ -169,14 +216,23 @@ def cmd_report(args) -> int:
     if not records:
         print(f"{root}: no finished results (result.json) or IGLUE test logs with a score found", file=sys.stderr)
         return 1
+    from .suite_report import build_suite_tables, write_suite_report
+    if baseline is not None:
+        from .report import build_tables
+        rows = {m for _, t in build_tables(records) for m in t.models} | \
+            {m for _, t in build_suite_tables(records) for m in t.sources}
+        if baseline not in rows:
+            raise UsageError(f"baseline {baseline!r} is not a row of any table (rows: {', '.join(sorted(rows))})")
     out = Path(args.out) if args.out else root / "report"
-    files = write_report(records, out, digits=args.digits)
+    options = stat_options(args)
+    files = write_report(records, out, digits=args.digits, options=options, baseline=baseline)
+    files += write_suite_report(records, out, digits=args.digits, options=options, baseline=baseline)
     (out / "records.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
     if not args.no_plots:
         from .plots import write_plots
         files += write_plots(records, out / "plots")
     print(f"{len(records)} results -> {len(files)} files in {out}")
-    for md in sorted(p for p in files if p.suffix == ".md" and "_summary" in p.name):
+    for md in sorted(p for p in files if p.suffix == ".md" and ("_summary" in p.name or p.stem.endswith("baseline"))):
         print(md.read_text(encoding="utf-8"))
     return 0
 

@@ -15,13 +15,15 @@ from .cvqa import CVQASection, load_section
 from .errors import GridError
 from .hf_cells import load_hf, task_map
 from .iglue import FEW_SHOT_EPOCHS, FEW_SHOT_LRS, TASKS
+from .suite import SuiteSection, load_section as load_suite_section
 
 PROTOCOLS = ("zero_shot", "translate_test", "few_shot", "translate_train")
-COMMAND_KINDS = ("pretrain", "train", "eval", "eval_retrieval", "gqa_score", "cvqa_score", "iglue_hf")
+COMMAND_KINDS = ("pretrain", "train", "eval", "eval_retrieval", "gqa_score", "cvqa_score", "iglue_hf", "suite")
 TOP_KEYS = {"name", "data_root", "output_dir", "task_configs", "checkpoint_root", "models", "tasks", "protocols",
             "languages", "few_shot_languages", "shots", "learning_rates", "seeds", "include_english",
-            "num_epoch", "commands", "extra_flags", "paths", "env", "pass_data_root", "slurm", "python", "cvqa",
-            "images", "image_templates", "train_images", "train_image_templates"}   # Hugging Face models (hf_cells.py)
+            "num_epoch", "commands", "extra_flags", "paths", "env", "pass_data_root", "slurm", "python", "cvqa", "suite",
+            "images", "image_templates", "train_images", "train_image_templates",   # Hugging Face models (hf_cells.py)
+            "baseline"}                                 # `volta-ml report --grid`: the row the others are compared with
 MODEL_KEYS = {"config", "bert_model", "do_lower_case", "is_m3p", "features", "finetuned", "pretrained", "hf",
               "pretrain"}
 # a model pretrained by the sweep itself (the `pretrain` stage, `volta-ml pretrain`)
@@ -69,10 +71,12 @@ class Grid:
     checkpoint_root: str = ""
     python: str = sys.executable
     cvqa: CVQASection | None = None        # CVQA cells (volta_ml/protocols/cvqa.py)
+    suite: SuiteSection | None = None      # the multilingual suite's cells (volta_ml/protocols/suite.py)
     images: dict[str, str] = field(default_factory=dict)            # task -> image root (HF models)
     image_templates: dict[str, str] = field(default_factory=dict)   # task -> path template under it
     train_images: dict[str, str] = field(default_factory=dict)      # task -> English training images (default: images)
     train_image_templates: dict[str, str] = field(default_factory=dict)
+    baseline: str | None = None            # the report's baseline row (`volta-ml report --grid`)
 
     def step(self) -> list[str]:
         """argv prefix of the in-cell helper steps (record, select)."""
@@ -90,7 +94,7 @@ def default_commands(python: str = sys.executable) -> dict[str, list[str]]:
     return {"pretrain": base + ["pretrain"], "train": base + ["train"], "eval": base + ["eval"],
             "eval_retrieval": base + ["eval-retrieval"],
             "gqa_score": base + ["gqa-score"], "cvqa_score": base + ["cvqa", "score"],
-            "iglue_hf": base + ["iglue-hf"]}
+            "iglue_hf": base + ["iglue-hf"], "suite": base + ["suite"]}
 
 
 def _default_task_configs() -> Path:
@@ -146,7 +150,7 @@ def load_grid(path: str | Path) -> Grid:
     if unknown:
         raise GridError(f"{path}: unknown key(s) {sorted(unknown)}; valid keys: {sorted(TOP_KEYS)}")
     for key in ("data_root", "models", "tasks"):
-        if key not in raw and "cvqa" not in raw:      # a CVQA-only grid needs none of the IGLUE keys
+        if key not in raw and "cvqa" not in raw and "suite" not in raw:   # a CVQA / suite grid needs no IGLUE keys
             raise GridError(f"{path}: missing required key '{key}'")
     base = path.parent
     where = lambda key: f"{path}: {key}"  # noqa: E731
@@ -161,7 +165,7 @@ def load_grid(path: str | Path) -> Grid:
             raise GridError(f"{where('protocols')}: unknown protocol '{p}' (known: {list(PROTOCOLS)})")
 
     raw_models = raw.get("models", {})
-    if not isinstance(raw_models, dict) or not (raw_models or "cvqa" in raw):
+    if not isinstance(raw_models, dict) or not (raw_models or "cvqa" in raw or "suite" in raw):
         raise GridError(f"{where('models')}: expected a mapping model-name -> settings")
     models = {name: _model(name, spec, base, tasks, where(f"models.{name}"))
               for name, spec in raw_models.items()}
@@ -210,12 +214,25 @@ def load_grid(path: str | Path) -> Grid:
         pass_data_root=bool(raw.get("pass_data_root", True)),
         slurm=raw.get("slurm") or {}, python=python,
         cvqa=load_section(raw["cvqa"], base, where("cvqa"), _str_list, GridError) if "cvqa" in raw else None,
+        suite=load_suite_section(raw["suite"], base, where("suite"), _str_list, GridError) if "suite" in raw else None,
         images={t: str(_resolve(base, v)) for t, v in task_map(raw.get("images"), where("images")).items()},
         image_templates=task_map(raw.get("image_templates"), where("image_templates")),
         train_images={t: str(_resolve(base, v)) for t, v in task_map(raw.get("train_images"),
                                                                     where("train_images")).items()},
         train_image_templates=task_map(raw.get("train_image_templates"), where("train_image_templates")),
+        baseline=_baseline(raw.get("baseline"), models, where("baseline")),
     )
+
+
+def _baseline(value, models: dict, where: str) -> str | None:
+    """A row name of the report: a model of the grid, or such a model with a suffix (`<model> (fine-tuned)`,
+    `<model> (<rule>)`)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not any(value == m or value.startswith(f"{m} (") for m in models):
+        raise GridError(f"{where}: expected the report row of one of the grid's models ({', '.join(models)}), "
+                        f"got {value!r}")
+    return value
 
 
 def _model(name: str, spec, base: Path, tasks: list[str], where: str) -> ModelSpec:

@@ -8,7 +8,8 @@ NEEDS = {"xflickrco": "dual encoder", "wit": "dual encoder", "xvnli": "generativ
 BACKEND_KINDS = {"clip": "dual encoder", "mclip": "dual encoder", "mllm": "generative"}
 
 
-def tasks_for_backend(backend: str, tasks: list[str]) -> list[str]:
-    """The tasks of `tasks` a backend of this name can do (all of them for an unknown name)."""
+def tasks_for_backend(backend: str, tasks: list[str], needs: dict | None = None) -> list[str]:
+    """The tasks of `tasks` a backend of this name can do (all of them for an unknown name); `needs`: the kind
+    each task needs (default `NEEDS`; the multilingual suite's come from `protocols/suite.py`)."""
     kind = BACKEND_KINDS.get(backend)
-    return [t for t in tasks if kind is None or NEEDS.get(t) == kind]
+    return [t for t in tasks if kind is None or (NEEDS if needs is None else needs).get(t) == kind]

@@ -12,6 +12,12 @@ Per task (and per retrieval direction), files named like IGLUE's `results/<task>
 Scores of several seeds are averaged. Scores of different scoring rules never are: a model with records of more
 than one rule for a task (e.g. `volta-ml iglue-hf` XVNLI runs with `--rule letter` and `--rule likelihood`,
 both named after the model folder) gets one row per rule, `<model> (<rule>)`.
+
+Uncertainty (uncertainty.py, volta_ml/stats.py): the Markdown/LaTeX cells of records with per-item files show
+`value ± half-width` of a bootstrap interval (or `value [low, high]`); the CSVs stay IGLUE's, and
+`uncertainty/<stem>.csv` has every cell's interval, items, seeds (n, mean, std, per seed) and format-error rate;
+`seeds.*` lists the cells run with several seeds, `format_errors.*` the generate rule's unparsed answers per cell,
+`baseline.*` every row's paired difference from the baseline row.
 """
 from __future__ import annotations
 
@@ -22,7 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+from volta_ml.stats import Options
+
 from .iglue import TASKS, shot_count
+from .uncertainty import (
+    AVG, COMPARE_HEADER, UNCERTAINTY_HEADER, ItemFiles, cell_text, compare_md_header, compare_rows, table_stats,
+    uncertainty_rows,
+)
 
 MISSING = -1.0
 MODEL_ORDER = ["ctrl_muniter", "ctrl_xuniter", "uc2", "m3p", "ctrl_lxmert", "ctrl_uniter", "ctrl_vilbert",
@@ -58,8 +70,10 @@ def _lang_key(task: str):
 class Table:
     """model x language scores of one task, metric and protocol (and shot)."""
 
-    def __init__(self, task: str, title: str, values: dict[str, dict[str, float]], with_english: bool):
-        self.task, self.title, self.values = task, title, values
+    def __init__(self, task: str, title: str, values: dict[str, dict[str, float]], with_english: bool,
+                 sources: dict[str, dict[str, list[dict]]] | None = None, metric: str = "score"):
+        self.task, self.title, self.values, self.metric = task, title, values, metric
+        self.sources = sources or {}          # model -> lang -> the records (seeds) behind the value
         langs = {l for row in values.values() for l in row}
         self.targets = sorted((l for l in langs if l != "en"), key=_lang_key(task))
         self.columns = (["en"] if with_english and "en" in langs else []) + self.targets
@@ -90,13 +104,22 @@ class Table:
             writer.writerow([m] + [repr(self._csv_value(m, l)) for l in self.columns] + [repr(self.avg(m))])
         return buf.getvalue()
 
-    def rows_for_display(self, digits: int) -> list[list[str]]:
-        fmt = lambda v: "–" if v is None else f"{v:.{digits}f}"  # noqa: E731
-        return [[m] + [fmt(self.value(m, l)) for l in self.columns] + [fmt(self.avg(m) if self.complete(m) else None)]
-                for m in self.models]
+    def rows_for_display(self, digits: int, stats: dict | None = None, style: str = "none") -> list[list[str]]:
+        """Markdown/LaTeX rows; with `stats` ((row, column) -> CellStats) each value with its interval."""
+        stats = stats or {}
+        fmt = lambda m, l, v: cell_text(v, stats.get((m, l)), digits, style)  # noqa: E731
+        return [[m] + [fmt(m, l, self.value(m, l)) for l in self.columns]
+                + [fmt(m, AVG, self.avg(m) if self.complete(m) else None)] for m in self.models]
 
     def header(self) -> list[str]:
         return ["model"] + self.columns + ["avg"]
+
+    def aggregate_columns(self) -> list[tuple[str, list[str]]]:
+        """IGLUE's `avg` over the target languages (uncertainty.py's intervals and comparisons)."""
+        return [(AVG, self.targets)] if self.targets else []
+
+    def aggregate_value(self, model: str, name: str) -> float | None:
+        return self.avg(model) if self.targets and self.complete(model) else None
 
 
 def markdown(header: list[str], rows: list[list[str]], title: str = "") -> str:
@@ -132,45 +155,58 @@ def row_names(records: list[dict]) -> list[str]:
             for r, model in zip(records, models)]
 
 
-def aggregate(records: list[dict]) -> dict:
-    """(protocol, task, metric, shot) -> row (model, per rule) -> lang -> mean score over seeds."""
-    sums: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+def grouped(records: list[dict]) -> dict:
+    """(protocol, task, metric, shot) -> row (model, per rule) -> lang -> the records with a score (its seeds)."""
+    cells: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r, row in zip(records, row_names(records)):
         task = r.get("task")
         if task not in TASKS:
             continue
         for _, metric in metrics_of(task):
-            value = r.get("metrics", {}).get(metric)
-            if value is None:
+            if r.get("metrics", {}).get(metric) is None:
                 continue
             shot = str(r["shot"]) if r.get("protocol") == "few_shot" else None
-            sums[(r["protocol"], task, metric, shot)][row][r["lang"]].append(float(value))
-    return {key: {m: {l: float(np.mean(v)) for l, v in langs.items()} for m, langs in models.items()}
-            for key, models in sums.items()}
+            cells[(r["protocol"], task, metric, shot)][row][r["lang"]].append(r)
+    return cells
+
+
+def _means(cells: dict, metric: str) -> dict:
+    return {m: {l: float(np.mean([float(r["metrics"][metric]) for r in recs])) for l, recs in langs.items()}
+            for m, langs in cells.items()}
+
+
+def aggregate(records: list[dict]) -> dict:
+    """(protocol, task, metric, shot) -> row (model, per rule) -> lang -> mean score over seeds."""
+    return {key: _means(models, key[2]) for key, models in grouped(records).items()}
 
 
 def build_tables(records: list[dict]) -> list[tuple[str, Table]]:
-    """(file stem, table) for every table the records support."""
-    agg = aggregate(records)
+    """(file stem, table) for every table the records support; each table keeps the records behind its cells."""
+    cells = grouped(records)
     out = []
+
+    def table(key, with_english, english_from=None):
+        sources = {m: dict(langs) for m, langs in cells.get(key, {}).items()}
+        if english_from is not None:
+            # IGLUE's .mt tables take English from the English test (test.en), not from a translation
+            for m in sources:
+                if "en" in cells.get(english_from, {}).get(m, {}):
+                    sources[m]["en"] = cells[english_from][m]["en"]
+        return Table(key[1], TASKS[key[1]].title, _means(sources, key[2]), with_english, sources, key[2])
+
     for task in TASKS:
         title = TASKS[task].title
         for infix, metric in metrics_of(task):
-            zero = agg.get(("zero_shot", task, metric, None), {})
-            if zero:
-                out.append((f"{title}{infix}_0", Table(task, title, zero, True)))
-            mt = agg.get(("translate_test", task, metric, None), {})
-            if mt:
-                # IGLUE's .mt tables take English from the English test (test.en), not from a translation
-                merged = {m: dict(langs, **({"en": zero[m]["en"]} if "en" in zero.get(m, {}) else {}))
-                          for m, langs in mt.items()}
-                out.append((f"{title}{infix}_0.mt", Table(task, title, merged, True)))
-            shots = sorted({k[3] for k in agg if k[:3] == ("few_shot", task, metric)}, key=shot_count)
+            zero = ("zero_shot", task, metric, None)
+            if cells.get(zero):
+                out.append((f"{title}{infix}_0", table(zero, True)))
+            if cells.get(("translate_test", task, metric, None)):
+                out.append((f"{title}{infix}_0.mt", table(("translate_test", task, metric, None), True, zero)))
+            shots = sorted({k[3] for k in cells if k[:3] == ("few_shot", task, metric)}, key=shot_count)
             for shot in shots:
-                out.append((f"{title}{infix}_{shot}", Table(task, title, agg[("few_shot", task, metric, shot)], False)))
-            tt = agg.get(("translate_train", task, metric, None), {})
-            if tt:
-                out.append((f"{title}{infix}_0.translate-train", Table(task, title, tt, False)))
+                out.append((f"{title}{infix}_{shot}", table(("few_shot", task, metric, shot), False)))
+            if cells.get(("translate_train", task, metric, None)):
+                out.append((f"{title}{infix}_0.translate-train", table(("translate_train", task, metric, None), False)))
     return out
 
 
@@ -189,6 +225,8 @@ def auc_table(agg: dict, task: str, metric: str) -> tuple[list[str], dict[str, d
 
 
 def summary_rows(task: str, metric: str, agg: dict, tables: dict[str, Table], infix: str):
+    """Header, rows of values, and per column the (table stem, column) a value comes from (None: the model name
+    and the AUC, which have no interval)."""
     title = TASKS[task].title
     zero, mt = tables.get(f"{title}{infix}_0"), tables.get(f"{title}{infix}_0.mt")
     shots = sorted({k[3] for k in agg if k[:3] == ("few_shot", task, metric)}, key=shot_count)
@@ -197,6 +235,8 @@ def summary_rows(task: str, metric: str, agg: dict, tables: dict[str, Table], in
                     | set(aucs), key=_model_key)
     header = ["model", "en", "zero-shot", "translate-test"] + [f"{s}-shot" for s in shots] + \
              (["few-shot AUC"] if aucs else [])
+    refs = [None, (f"{title}{infix}_0", "en"), (f"{title}{infix}_0", AVG), (f"{title}{infix}_0.mt", AVG)]
+    refs += [(f"{title}{infix}_{s}", AVG) for s in shots] + ([None] if aucs else [])
     rows = []
     for m in models:
         def avg_of(table):
@@ -209,41 +249,108 @@ def summary_rows(task: str, metric: str, agg: dict, tables: dict[str, Table], in
             langs = aucs.get(m, {})
             row.append(float(np.mean(list(langs.values()))) if langs else None)
         rows.append(row)
-    return header, rows
+    return header, rows, refs
 
 
-def write_report(records: list[dict], out_dir: Path, digits: int = 2) -> list[Path]:
+def write_report(records: list[dict], out_dir: Path, digits: int = 2, options: Options | None = None,
+                 baseline: str | None = None) -> list[Path]:
+    """IGLUE's CSVs, their Markdown/LaTeX with intervals, summaries, and the uncertainty files (module docstring).
+    `baseline`: a row name; every other row of its tables is compared with it (`baseline.*`)."""
+    options = options or Options()
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
-    def emit(stem: str, csv_text: str, header: list[str], rows: list[list[str]], caption: str):
+    def emit(stem: str, csv_text: str, header: list[str], rows: list[list[str]], caption: str, folder: Path = out_dir):
+        folder.mkdir(parents=True, exist_ok=True)
         for suffix, text in ((".csv", csv_text), (".md", markdown(header, rows, caption)),
                              (".tex", latex(header, rows, caption))):
-            path = out_dir / f"{stem}{suffix}"
+            path = folder / f"{stem}{suffix}"
             path.write_text(text, encoding="utf-8")
             written.append(path)
 
     tables = build_tables(records)
+    files = ItemFiles()
+    stats = {stem: table_stats(table, table.metric, files, options) for stem, table in tables}
     for stem, table in tables:
-        emit(stem, table.to_csv(), table.header(), table.rows_for_display(digits), stem)
+        emit(stem, table.to_csv(), table.header(), table.rows_for_display(digits, stats[stem], options.style), stem)
+        uncertain = out_dir / "uncertainty"
+        uncertain.mkdir(exist_ok=True)
+        path = uncertain / f"{stem}.csv"
+        path.write_text(_csv([UNCERTAINTY_HEADER] + uncertainty_rows(table, stats[stem], options)), encoding="utf-8")
+        written.append(path)
     by_stem = dict(tables)
     agg = aggregate(records)
-    fmt = lambda v: "–" if v is None else f"{v:.{digits}f}"  # noqa: E731
     for task in TASKS:
         title = TASKS[task].title
         for infix, metric in metrics_of(task):
             if not any(t.task == task and stem.startswith(f"{title}{infix}_") for stem, t in tables):
                 continue
-            header, rows = summary_rows(task, metric, agg, by_stem, infix)
+            header, rows, refs = summary_rows(task, metric, agg, by_stem, infix)
             csv_rows = [[r[0]] + ["" if v is None else repr(float(v)) for v in r[1:]] for r in rows]
-            emit(f"{title}{infix}_summary", _csv([header] + csv_rows), header,
-                 [[r[0]] + [fmt(v) for v in r[1:]] for r in rows], f"{title}{infix}: protocols side by side")
+            shown = [[r[0]] + [cell_text(v, stats.get(ref[0], {}).get((r[0], ref[1])) if ref else None, digits,
+                                         options.style) for v, ref in zip(r[1:], refs[1:])] for r in rows]
+            emit(f"{title}{infix}_summary", _csv([header] + csv_rows), header, shown,
+                 f"{title}{infix}: protocols side by side")
             aucs = auc_table(agg, task, metric)
             if aucs:
                 table = Table(task, title, aucs, False)
                 emit(f"{title}{infix}_fewshot_auc", table.to_csv(), table.header(),
                      table.rows_for_display(digits), f"{title}{infix}: few-shot AUC")
+    write_seeds(tables, stats, digits, emit)
+    write_format_errors(tables, stats, digits, emit)
+    if baseline is not None:
+        write_baseline(tables, baseline, files, options, digits, emit)
     return written
+
+
+def write_seeds(tables, stats, digits: int, emit) -> None:
+    """`seeds.*`: every cell with more than one seed: mean ± standard deviation over seeds, n, per-seed values."""
+    header = ["table", "model", "column", "n", "mean ± std", "per seed"]
+    rows, csv_rows = [], [["table", "model", "column", "n", "mean", "std", "per_seed"]]
+    for stem, table in tables:
+        for model in table.models:
+            for column in table.columns + [AVG]:
+                s = stats[stem].get((model, column))
+                if s is None or s.seeds is None or s.seeds.n < 2:
+                    continue
+                seeds = s.seeds
+                rows.append([stem, model, column, str(seeds.n), f"{seeds.mean:.{digits}f} ± {seeds.std:.{digits}f}",
+                             ", ".join(f"{v:.{digits}f}" for v in seeds.values)])
+                csv_rows.append([stem, model, column, str(seeds.n), repr(seeds.mean), repr(seeds.std),
+                                 " ".join(repr(v) for v in seeds.values)])
+    if rows:
+        emit("seeds", _csv(csv_rows), header, rows, "cells run with several seeds: mean ± standard deviation over seeds")
+
+
+def write_format_errors(tables, stats, digits: int, emit) -> None:
+    """`format_errors.*`: the generate rule's unparsed answers, % of the items of each cell (with its interval)."""
+    header = ["table", "model", "column", "format errors (%)"]
+    rows, csv_rows = [], [["table", "model", "column", "format_error_rate", "ci_low", "ci_high"]]
+    for stem, table in tables:
+        for model in table.models:
+            for column in table.columns:
+                s = stats[stem].get((model, column))
+                if s is None or s.format_errors is None:
+                    continue
+                fe = s.format_interval
+                text = f"{s.format_errors:.{digits}f}" + (f" [{fe.low:.{digits}f}, {fe.high:.{digits}f}]" if fe else "")
+                rows.append([stem, model, column, text])
+                csv_rows.append([stem, model, column, repr(s.format_errors), "" if fe is None else repr(fe.low),
+                                 "" if fe is None else repr(fe.high)])
+    if rows:
+        emit("format_errors", _csv(csv_rows), header, rows, "generate rule: answers that named no option (%)")
+
+
+def write_baseline(tables, baseline: str, files, options: Options, digits: int, emit) -> None:
+    """`baseline.*`: each row minus the baseline row, per cell of every table holding both (compare_rows); nothing
+    when no table has the row (`volta-ml report` checks the name against every table, the suite's too)."""
+    if not any(baseline in table.models for _, table in tables):
+        return
+    comparisons = [cell for stem, table in tables if baseline in table.models for row in table.models
+                   if row != baseline
+                   for cell in compare_rows(stem, table, row, table, baseline, table.metric, files, options)]
+    emit("baseline", _csv([COMPARE_HEADER] + [c.csv_row() for c in comparisons]), compare_md_header(options),
+         [c.markdown_row(digits) for c in comparisons], f"paired differences from the baseline row {baseline}")
 
 
 def _csv(rows: list[list[str]]) -> str:

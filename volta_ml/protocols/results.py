@@ -2,7 +2,8 @@
 "How each score is read") and from the sweep's own `result.json` files.
 
 A result record is a dict with protocol, model, task, lang, shot, seed and metrics
-(`score`, or `ir_r1`/`tr_r1`/... for retrieval).
+(`score`, or `ir_r1`/`tr_r1`/... for retrieval), and `items`: the cell's per-item file (volta_ml/stats.py) when
+the entry point wrote one (relative to the cell folder in `result.json`; absolute once collected).
 """
 from __future__ import annotations
 
@@ -118,13 +119,19 @@ def iglue_hf_metrics(cell_dir: Path) -> dict:
     return dict(iglue_hf_results(cell_dir)["metrics"])
 
 
-def iglue_hf_results(cell_dir: Path) -> dict:
-    path = Path(cell_dir) / "eval" / "iglue_hf_results.json"
+HF_RESULTS = {"iglue_hf": ("iglue_hf_results.json", "iglue-hf"), "suite": ("suite_results.json", "suite")}
+
+
+def iglue_hf_results(cell_dir: Path, scorer: str = "iglue_hf") -> dict:
+    """The metrics, rule and backend a Hugging Face cell's run wrote to `eval/` (`volta-ml iglue-hf`'s
+    iglue_hf_results.json, `volta-ml suite`'s suite_results.json)."""
+    name, command = HF_RESULTS[scorer]
+    path = Path(cell_dir) / "eval" / name
     try:
         results = json.loads(path.read_text(encoding="utf-8"))
         return {"metrics": dict(results["metrics"]), "rule": results.get("rule"), "backend": results.get("backend")}
     except FileNotFoundError:
-        raise LogError(f"{path}: not written (the iglue-hf run did not finish)")
+        raise LogError(f"{path}: not written (the {command} run did not finish)")
     except (ValueError, KeyError, TypeError) as error:
         raise LogError(f"{path}: no 'metrics' ({error})")
 
@@ -135,6 +142,7 @@ SCORERS = {  # scorer -> metrics from (stdout log, stderr log, first validation 
     "retrieval": lambda out, err, first: retrieval_metrics(out),
     "cvqa": lambda out, err, first: cvqa_metrics(Path(out).parent),
     "iglue_hf": lambda out, err, first: iglue_hf_metrics(Path(out).parent),
+    "suite": lambda out, err, first: dict(iglue_hf_results(Path(out).parent, "suite")["metrics"]),
 }
 
 
@@ -142,6 +150,40 @@ def scorer_metrics(scorer: str, out_log: Path, err_log: Path, first_validation: 
     if scorer not in SCORERS:
         raise ValueError(f"unknown scorer {scorer!r}")
     return SCORERS[scorer](out_log, err_log, first_validation)
+
+
+ITEMS_TOLERANCE = 6e-4     # the logs print 3 decimals
+
+
+def cell_items(cell_dir: Path, metrics: dict) -> tuple[str | None, str]:
+    """The per-item file the cell's entry point wrote (`*_items.jsonl` in the cell folder, `eval/` or
+    `eval/<checkpoint>-/`; the newest if several) as a path relative to the cell, when the mean of its items equals
+    every metric it shares with `metrics` (the logs' 3 decimals); else (None, why)."""
+    from volta_ml.stats import ITEMS_SUFFIX, ItemsError, metric_values, read_items
+
+    cell_dir = Path(cell_dir)
+    found = [p for pattern in (f"*{ITEMS_SUFFIX}", f"eval/*{ITEMS_SUFFIX}", f"eval/*/*{ITEMS_SUFFIX}")
+             for p in cell_dir.glob(pattern)]
+    if not found:
+        return None, "no per-item file"
+    path = max(found, key=lambda p: p.stat().st_mtime)
+    try:
+        items = read_items(path)
+    except ItemsError as error:
+        return None, str(error)
+    for metric, value in metrics.items():
+        values = metric_values(items, metric)
+        if values and value is not None and abs(sum(values.values()) / len(values) - float(value)) > ITEMS_TOLERANCE:
+            return None, (f"{path}: the mean of its {metric} items, {sum(values.values()) / len(values):.4f}, is not "
+                          f"the logged {value} (a file of another run?)")
+    return str(path.relative_to(cell_dir)), ""
+
+
+def item_file(record: dict, folder: Path) -> dict:
+    """The record with its `items` path made absolute (relative paths are relative to the result's folder)."""
+    if record.get("items"):
+        record = dict(record, items=str((Path(folder) / record["items"]).resolve()))
+    return record
 
 
 # --- collecting records ----------------------------------------------------------------
@@ -155,7 +197,7 @@ def sweep_records(root: Path) -> list[dict]:
     for path in sorted(Path(root).rglob(RESULT_FILE)):
         result = read_result(path.parent)
         if result and result.get("protocol") in ("zero_shot", "translate_test", "few_shot", "translate_train"):
-            records.append(result)
+            records.append(item_file(result, path.parent))
     return records
 
 

@@ -24,9 +24,10 @@ from .errors import GridError
 from .grid import Grid, ModelSpec
 from .hf_cells import EXPORT, FINE_TUNED, HF_FEW_SHOT_FILES, has_english, hf_argv, hf_tasks, hf_train_argv
 from .iglue import ADAM_FLAGS, TASKS, TaskSpec, finetune_grad_acc, model_extra_flags
+from .suite import suite_cells
 
 STAGES = ("pretrain", "finetune", "zero_shot", "translate_test", "few_shot_train", "few_shot_test", "translate_train",
-          "translate_train_test", "cvqa")
+          "translate_train_test", "cvqa", "suite")
 
 
 class Planner:
@@ -326,6 +327,8 @@ class Planner:
                     self.translate_train_cells(model, task)
         if self.grid.cvqa:
             cvqa_cells(self)
+        if self.grid.suite:
+            suite_cells(self)
         order = {s: i for i, s in enumerate(STAGES)}
         return sorted(self.cells.values(), key=lambda c: order[c.stage])   # stable: grid order within a stage
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from .cell import PRETRAINED, RESULT_FILE, is_done, load_cell, read_result, write_json_atomic
-from .results import LogError, best_validation, iglue_hf_results, pretrain_validation, scorer_metrics
+from .results import LogError, best_validation, cell_items, iglue_hf_results, pretrain_validation, scorer_metrics
 
 
 BEST = "pytorch_model_best.bin"   # a training run's best model; an HF model's cells name theirs (`best`: hf_best)
@@ -72,10 +72,16 @@ def record(cell_dir: Path) -> int:
                                      first_validation=(cell.stage == "few_shot_test" and cell.task == "xvnli"))
             checkpoint = cell.extra.get("checkpoint")
             extra = {"metrics": metrics, "checkpoint": os.path.realpath(checkpoint) if checkpoint else None}
-            if cell.scorer == "iglue_hf":      # a Hugging Face model: its rule (and variant) keep their own rows
-                extra.update({k: v for k, v in iglue_hf_results(cell_dir).items() if k != "metrics"})
+            if cell.scorer in ("iglue_hf", "suite"):   # a Hugging Face model: its rule (and variant) keep their rows
+                extra.update({k: v for k, v in iglue_hf_results(cell_dir, cell.scorer).items() if k != "metrics"})
                 if cell.extra.get("variant"):
                     extra["variant"] = cell.extra["variant"]
+            items, why = cell_items(cell_dir, metrics) if cell.scorer != "cvqa" else (None, "")
+            if items:
+                extra["items"] = items
+            elif why:
+                print(f"record {cell.id}: no per-item scores ({why}); the report shows this cell without an "
+                      f"interval", file=sys.stderr)
             selection = cell_dir / "selection.json"
             if selection.exists():
                 import json

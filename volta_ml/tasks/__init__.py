@@ -31,6 +31,11 @@ class TaskFamily(Protocol):
     def extra_metrics(self, prediction_rows: list[dict], task_id: str) -> dict:
         """Figures beyond loss and score (e.g. NLVR2/MaRVL consistency)."""
 
+    def item_scores(self, prediction_rows: list[dict], dataset) -> list[dict] | None:
+        """Per-item rows `{"id", "score"}` of the whole dataset (rows in dataset order) whose mean is the score
+        (×100), written beside `<split>_result.json` as `<split>_items.jsonl` (volta_ml/stats.py); None where the
+        score comes from another step (xGQA: GQA_score, against the truth file)."""
+
 
 # task config `type` -> (family, the prefix its task `name` must have: VOLTA's only VL-logit tasks it
 # evaluates this way are the Retrieval* ones)

@@ -145,6 +145,12 @@ def extra_metrics(records: list[dict], task_id: str) -> dict:
     return {}
 
 
+def item_scores(rows: list[dict], dataset) -> None:
+    """None: eval_task's GQA score is a placeholder (VOLTA logs 0); `gqa_items` scores the predictions against the
+    truth file in GQA_score, which writes the per-item file."""
+    return None
+
+
 def gqa_accuracy(predictions: list[dict], truth: dict) -> tuple[float, int]:
     """IGLUE's GQA_score: exact string match, predictions whose questionId is not in `truth` are skipped
     (so the denominator counts matched ids only). Returns (accuracy × 100, denominator)."""
@@ -156,3 +162,9 @@ def gqa_accuracy(predictions: list[dict], truth: dict) -> tuple[float, int]:
         matched += 1
         correct += int(row["prediction"] == question["answer"])
     return (correct / matched * 100 if matched else 0.0), matched
+
+
+def gqa_items(predictions: list[dict], truth: dict) -> list[dict]:
+    """Per-item rows of `gqa_accuracy` (the same matched predictions): `{"id": questionId, "score": 100 | 0}`."""
+    return [{"id": str(row["questionId"]), "score": 100.0 * (row["prediction"] == truth[str(row["questionId"])]["answer"])}
+            for row in predictions if str(row["questionId"]) in truth]

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from volta_ml.data.annotations import AnnotationError, read_jsonl, require
+from volta_ml.stats import unique_ids
 from volta_ml.tasks.common import (
     TaskDataset, TextSource, bce_classify, check_images, prepare, region_arrays,
 )
@@ -125,3 +126,10 @@ def consistency(records: list[dict]) -> float:
 
 def extra_metrics(records: list[dict], task_id: str) -> dict:
     return {"consistency": consistency(records)} if task_id == "TASK12" else {}
+
+
+def item_scores(rows: list[dict], dataset) -> list[dict]:
+    """100 for a correct prediction, 0 otherwise; id: MaRVL's `id` (else the line's index) or NLVR2's
+    `identifier`, as `volta-ml iglue-hf` names them."""
+    ids = unique_ids(r["id"] for r in dataset.records)
+    return [{"id": i, "score": 100.0 * (row["prediction"] == row["label"])} for i, row in zip(ids, rows)]

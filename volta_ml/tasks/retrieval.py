@@ -236,6 +236,12 @@ def extra_metrics(records: list[dict], task_id: str) -> dict:
     return {}
 
 
+def item_scores(rows: list[dict], dataset) -> None:
+    """None: eval_task's VL-logit score picks the caption's image among 3 negatives drawn from the seed; IGLUE's retrieval
+    numbers come from eval_retrieval, which writes the per-query items (`engine/retrieval_job.print_report`)."""
+    return None
+
+
 class RetrievalGallery(torch.utils.data.Dataset):
     """eval_retrieval items: (one caption repeated, one chunk of the image gallery, 0/1 targets)."""
 

@@ -76,6 +76,17 @@ def recall_metrics(ranks: np.ndarray) -> dict[str, float]:
     }
 
 
+def query_items(ir_ranks: np.ndarray, tr_ranks: np.ndarray) -> list[dict]:
+    """Per-query rows of the per-item file (volta_ml/stats.py): `caption:<index>` (file order) with its image
+    retrieval hits `ir_r1/ir_r5/ir_r10` (100 or 0) and `image:<index>` (first-seen order) with its text retrieval
+    hits `tr_*`; the mean of each column is `recall_metrics`' R@K."""
+    rows = []
+    for prefix, kind, ranks in (("ir", "caption", ir_ranks), ("tr", "image", tr_ranks)):
+        for index, rank in enumerate(np.asarray(ranks).tolist()):
+            rows.append({"id": f"{kind}:{index}", **{f"{prefix}_r{k}": 100.0 * (rank < k) for k in (1, 5, 10)}})
+    return rows
+
+
 def final_line(metrics: dict[str, float]) -> str:
     return FINAL_FORMAT % tuple(metrics[k] for k in METRIC_KEYS)
 

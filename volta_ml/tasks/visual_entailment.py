@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from volta_ml.data.annotations import AnnotationError, read_jsonl, require
+from volta_ml.stats import unique_ids
 from volta_ml.tasks.config import entry_path
 from volta_ml.tasks.common import (
     TaskDataset, TextSource, bce_classify, check_images, max_region_rows, prepare, region_arrays,
@@ -95,3 +96,10 @@ def predictions(batch: dict, logits: torch.Tensor, dataset) -> list[dict]:
 
 def extra_metrics(records: list[dict], task_id: str) -> dict:
     return {}
+
+
+def item_scores(rows: list[dict], dataset) -> list[dict]:
+    """100 for a correct prediction, 0 otherwise (a `-` gold label counts as wrong); id: the pairID (else the
+    line's index), as `volta-ml iglue-hf` names XVNLI items."""
+    ids = unique_ids(r["pair_id"] or r["question_id"] for r in dataset.records)
+    return [{"id": i, "score": 100.0 * (row["prediction"] == row["label"])} for i, row in zip(ids, rows)]

@@ -62,13 +62,14 @@ def write_npy_dir(path, images: dict) -> str:
 
 
 def write_volta_lmdb(path, images: dict, base64_fields=False, write_keys=True,
-                     writemap=False) -> str:
+                     writemap=False, subdir=True) -> str:
     """VOLTA's keyed LMDB: pickled dict per image + pickled b'keys' list.
 
     base64_fields=False mirrors h5_to_lmdb.py (raw arrays, int64 sizes, img_id);
     True mirrors npy_to_lmdb.py (base64 features/boxes, int sizes, num_boxes).
+    subdir=False writes LMDB's one-file layout (`path` itself is the data file).
     """
-    env = lmdb.open(str(path), map_size=1 << 36, writemap=writemap)
+    env = lmdb.open(str(path), map_size=1 << 36, writemap=writemap, subdir=subdir)
     keys = []
     with env.begin(write=True) as txn:
         for image_id, img in images.items():
@@ -103,10 +104,11 @@ def msgpack_numpy_dumps(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True, default=encode)
 
 
-def write_td_lmdb(path, records: list, serializer="msgpack", write_keys=True) -> str:
-    """tensorpack LMDBSerializer.save: keys 00000000..., then __keys__."""
+def write_td_lmdb(path, records: list, serializer="msgpack", write_keys=True, subdir=True) -> str:
+    """tensorpack LMDBSerializer.save: keys 00000000..., then __keys__. subdir=False is what LMDBSerializer.save
+    (and so VOLTA's h5_to_td-lmdb.py) writes to a path that does not exist yet: one file, `path` itself."""
     dumps = msgpack_numpy_dumps if serializer == "msgpack" else (lambda o: pickle.dumps(o, -1))
-    env = lmdb.open(str(path), map_size=1 << 36)
+    env = lmdb.open(str(path), map_size=1 << 36, subdir=subdir)
     keys = []
     with env.begin(write=True) as txn:
         for i, rec in enumerate(records):

@@ -1,0 +1,158 @@
+"""`volta-ml report` and `volta-ml compare` on result trees whose cells have per-item files (as eval_task,
+gqa-score, eval-retrieval and iglue-hf write them): IGLUE's CSVs stay byte for byte what they were, the Markdown
+cells carry intervals equal to volta_ml/stats.py's over the cell's items, seeds are summarised, format errors
+reported, and the report's baseline comparison shows the same numbers as `volta-ml compare`."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from volta_ml import stats
+from volta_ml.cli import main as volta_ml
+from volta_ml.protocols.report import write_report
+from volta_ml.protocols.results import cell_items, collect
+
+LANGS = ("en", "ar", "fr")
+
+
+def write_cell(root: Path, protocol: str, model: str, task: str, lang: str, seed: int, items: dict[str, dict],
+               extra: dict | None = None) -> None:
+    """A finished cell: result.json with the metrics (the mean of each item column) and its per-item file."""
+    cell = root / protocol / model / task / lang / f"seed{seed}"
+    stats.write_items(cell / "eval" / "test_items.jsonl", [{"id": k, **v} for k, v in items.items()])
+    metrics = {}
+    for values in items.values():
+        for metric in values:
+            column = [v[metric] for v in items.values() if metric in v]
+            metrics[metric] = sum(column) / len(column)
+    cell.mkdir(parents=True, exist_ok=True)
+    (cell / "result.json").write_text(json.dumps({
+        "protocol": protocol, "model": model, "task": task, "lang": lang, "shot": None, "seed": seed,
+        "metrics": metrics, "items": "eval/test_items.jsonl", "status": "done", **(extra or {})}))
+
+
+def correct(rng, n: int, p: float, drop: set[int] = frozenset()) -> dict[str, dict]:
+    return {f"q{i}": {"score": 100.0 * (rng.random() < p)} for i in range(n) if i not in drop}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """runs/a: uc2 (two seeds), runs/b: m3p (one seed), 40 XVNLI items per language; B misses q3 in ar; a
+    retrieval cell each; a generate-rule cell with format errors in a."""
+    root = tmp_path_factory.mktemp("uncertainty") / "runs"
+    rng = np.random.default_rng(0)
+    for lang in LANGS:
+        for seed in (0, 1):
+            write_cell(root / "a", "zero_shot", "uc2", "xvnli", lang, seed, correct(rng, 40, 0.7))
+        write_cell(root / "b", "zero_shot", "m3p", "xvnli", lang, 0,
+                   correct(rng, 40, 0.5, drop={3} if lang == "ar" else set()))
+    for side, model in (("a", "uc2"), ("b", "m3p")):
+        items = {f"caption:{i}": {"ir_r1": 100.0 * (rng.random() < 0.4)} for i in range(30)}
+        items.update({f"image:{i}": {"tr_r1": 100.0 * (rng.random() < 0.5)} for i in range(15)})
+        write_cell(root / side, "zero_shot", model, "xflickrco", "de", 0, items)
+    generate = {f"q{i}": {"score": 100.0 * (i % 3 == 0), "parse_failure_rate": 100.0 * (i % 5 == 0)} for i in range(40)}
+    write_cell(root / "a", "zero_shot", "llava", "xvnli", "ar", 0, generate, {"rule": "generate"})
+    return root
+
+
+def rows(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def seed_mean_items(root: Path, model: str, lang: str) -> dict[str, float]:
+    per_seed = [stats.read_items(p) for p in sorted(root.glob(f"zero_shot/{model}/xvnli/{lang}/seed*/eval/*_items.jsonl"))]
+    return {k: np.mean([s[k]["score"] for s in per_seed]) for k in per_seed[0]}
+
+
+def test_report_intervals_seeds_and_format_errors(runs, tmp_path):
+    assert volta_ml(["report", str(runs / "a"), "--out", str(tmp_path / "r"), "--no_plots"]) == 0
+    out = tmp_path / "r"
+    # IGLUE's CSVs are exactly those of the same records without per-item files
+    plain = [{k: v for k, v in r.items() if k != "items"} for r in collect(runs / "a")]
+    write_report(plain, tmp_path / "plain")
+    for name in ("XVNLI_0.csv", "xFlickrCO_ir_0.csv", "xFlickrCO_tr_0.csv", "XVNLI_summary.csv"):
+        assert (out / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+    assert "±" not in (tmp_path / "plain" / "XVNLI_0.md").read_text()
+    # each cell's interval: the bootstrap over its items averaged over the seeds; avg: stratified by language
+    cells = {(r["model"], r["column"]): r for r in rows(out / "uncertainty" / "XVNLI_0.csv")}
+    for lang in LANGS:
+        iv = stats.interval(list(seed_mean_items(runs / "a", "uc2", lang).values()))
+        row = cells[("uc2", lang)]
+        assert (float(row["ci_low"]), float(row["ci_high"]), int(row["items"])) == (iv.low, iv.high, 40)
+        assert row["seeds"] == "2" and len(row["per_seed"].split()) == 2
+    targets = [seed_mean_items(runs / "a", "uc2", lang) for lang in ("ar", "fr")]
+    avg = stats.interval([v for t in targets for v in t.values()], ["ar"] * 40 + ["fr"] * 40, average="macro")
+    assert (float(cells[("uc2", "avg")]["ci_low"]), float(cells[("uc2", "avg")]["ci_high"])) == (avg.low, avg.high)
+    md = (out / "XVNLI_0.md").read_text()
+    uc2 = next(line for line in md.splitlines() if line.startswith("| uc2 |"))
+    assert f"± {avg.half_width:.2f} |" in uc2 and uc2.count("±") == 4
+    assert "± " in (out / "xFlickrCO_ir_0.md").read_text() and "± " in (out / "XVNLI_summary.md").read_text()
+    # seeds: mean ± standard deviation with n beside the per-seed numbers
+    seeds = {(r["model"], r["column"]): r for r in rows(out / "seeds.csv")}
+    ar = [json.loads(p.read_text())["metrics"]["score"]
+          for p in sorted((runs / "a" / "zero_shot/uc2/xvnli/ar").glob("seed*/result.json"))]
+    assert float(seeds[("uc2", "ar")]["std"]) == pytest.approx(np.std(ar, ddof=1))
+    assert seeds[("uc2", "ar")]["n"] == "2" and seeds[("uc2", "ar")]["per_seed"] == " ".join(map(repr, ar))
+    assert ("uc2", "avg") in seeds and ("llava", "ar") not in seeds
+    # the generate rule's unparsed answers: a rate per cell, with its interval
+    errors = rows(out / "format_errors.csv")
+    assert [(r["model"], r["column"], float(r["format_error_rate"])) for r in errors] == [("llava", "ar", 20.0)]
+    assert float(errors[0]["ci_low"]) < 20.0 < float(errors[0]["ci_high"])
+
+
+def test_report_baseline_shows_the_numbers_of_compare(runs, tmp_path, capsys):
+    assert volta_ml(["compare", str(runs / "a"), str(runs / "b"), "--row_a", "uc2", "--row_b", "m3p",
+                     "--out", str(tmp_path / "c")]) == 0
+    printed = capsys.readouterr().out
+    assert "| XVNLI_0 | ar | uc2 | m3p |" in printed and "1 only in A (q3)" in printed
+    compared = rows(tmp_path / "c" / "compare.csv")
+    assert volta_ml(["report", str(runs), "--out", str(tmp_path / "r"), "--no_plots", "--baseline", "m3p"]) == 0
+    baseline = [r for r in rows(tmp_path / "r" / "baseline.csv") if r["A"] == "uc2"]
+    assert baseline == compared
+    by_cell = {(r["table"], r["column"]): r for r in compared}
+    assert set(by_cell) == {("XVNLI_0", c) for c in (*LANGS, "avg")} | {("xFlickrCO_ir_0", "de"),
+                                                                       ("xFlickrCO_ir_0", "avg"),
+                                                                       ("xFlickrCO_tr_0", "de"),
+                                                                       ("xFlickrCO_tr_0", "avg")}
+    # the difference is the paired test of the items both scored; the item only A has is named
+    ar = by_cell[("XVNLI_0", "ar")]
+    a, b = seed_mean_items(runs / "a", "uc2", "ar"), seed_mean_items(runs / "b", "m3p", "ar")
+    expected = stats.compare_items(a, b)
+    assert (float(ar["difference"]), float(ar["ci_low"]), float(ar["p_value"])) == \
+        (expected.difference, expected.low, expected.p_value)
+    assert ar["only_in_A"] == "q3" and ar["only_in_B"] == "" and ar["paired_items"] == "39"
+
+
+def test_grid_baseline_and_usage_errors(runs, tmp_path, capsys):
+    grid = tmp_path / "grid.yml"
+    grid.write_text(yaml.safe_dump({"name": "g", "data_root": str(tmp_path), "output_dir": str(runs),
+                                    "tasks": ["xvnli"], "baseline": "m3p",
+                                    "models": {"m3p": {"config": "m3p_base", "finetuned": "x"},
+                                               "uc2": {"config": "uc2_base", "finetuned": "x"}}}))
+    assert volta_ml(["report", "--grid", str(grid), "--out", str(tmp_path / "r"), "--no_plots"]) == 0
+    assert (tmp_path / "r" / "baseline.csv").exists()
+    assert volta_ml(["report", str(runs), "--out", str(tmp_path / "r2"), "--no_plots", "--baseline", "bert"]) == 2
+    assert "baseline 'bert' is not a row of any table (rows: llava, m3p, uc2)" in capsys.readouterr().err
+    grid.write_text(grid.read_text().replace("baseline: m3p", "baseline: bert"))
+    assert volta_ml(["report", "--grid", str(grid)]) == 2
+    assert "baseline: expected the report row of one of the grid's models (m3p, uc2), got 'bert'" in capsys.readouterr().err
+    assert volta_ml(["compare", str(runs / "a"), str(runs / "b")]) == 2      # two rows in A: which one?
+    assert "XVNLI_0: A has rows uc2, llava and B has rows m3p; choose with --row_a / --row_b" in capsys.readouterr().err
+    assert volta_ml(["compare", str(runs / "a"), str(runs / "b"), "--confidence", "95"]) == 2
+    assert "--confidence 95.0: expected a level between 0 and 1" in capsys.readouterr().err
+
+
+def test_record_step_keeps_only_the_items_of_this_run(tmp_path):
+    cell = tmp_path / "cell"
+    stats.write_items(cell / "eval" / "ckpt-" / "test_items.jsonl", [{"id": "a", "score": 100.0}, {"id": "b", "score": 0.0}])
+    assert cell_items(cell, {"score": 50.0, "loss": 0.7}) == ("eval/ckpt-/test_items.jsonl", "")
+    assert cell_items(cell, {"score": 50.0004}) == ("eval/ckpt-/test_items.jsonl", "")     # the logs' 3 decimals
+    path, why = cell_items(cell, {"score": 75.0})
+    assert path is None and "the mean of its score items, 50.0000, is not the logged 75.0" in why
+    assert cell_items(tmp_path / "empty", {"score": 1.0}) == (None, "no per-item file")

@@ -1,0 +1,405 @@
+"""The multilingual suite end to end on tiny releases in each benchmark's own schema (tests/helpers_suite.py) with
+the contract fakes as backends: the readers, every task's score equal to a one-item-at-a-time computation,
+batches and ranks changing nothing, resume, bad input as one line (exit 2), a sweep over the suite into
+`volta-ml report`'s tables."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from helpers_fake_backends import FailingAfter, FakeDual
+from helpers_suite import EXAM_ANSWERS, FakeExamGenerative, build_suite
+from volta_ml.protocols.suite import SUITE
+from volta_ml.suite.data import resolve
+from volta_ml.suite.run import run_suite
+from volta_ml.suite.table import TASKS
+
+MAXM_ANSWERS = ("Red.", "Two", "The dogs", "红色", "米饭")
+MTVQA_ANSWERS = ("株式会社ABCです", "さくら")
+M3EXAM_ANSWERS = ("B", "(C) สาม", "A. หนึ่ง", "I do not know", "E")
+CAPTIONS = ("A red car in front of a house.", "红色的汽车", "รถยนต์สีแดง", "two dogs playing on the grass", "两只狗在玩")
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    return build_suite(tmp_path_factory.mktemp("suite"))
+
+
+def data_of(suite, task: str) -> tuple[str, dict]:
+    """--data and the task's extra options."""
+    xm = suite["xm3600"]
+    return {"maxm": (str(suite["maxm"]), {"images": str(xm["images"])}),
+            "xm3600": (str(xm["captions"]), {}), "xm100": (str(xm["captions"]), {"subset": str(xm["subset"])}),
+            "xm3600_retrieval": (str(xm["captions"]), {}), "mtvqa": (str(suite["mtvqa"]), {}),
+            "xmmmu": (str(suite["xmmmu"]), {}), "m3exam": (str(suite["m3exam"]), {}),
+            "kaleidoscope": (str(suite["kaleidoscope"]), {}),
+            "kaleidoscope_multimodal": (str(suite["kaleidoscope"]), {})}[task]
+
+
+def options(suite, task, lang, out, **extra):
+    data, more = data_of(suite, task)
+    return {"task": task, "lang": lang, "data": data, "backend": "clip" if task == "xm3600_retrieval" else "mllm",
+            "model": "/models/fake-vlm", "output_dir": str(out), "progress": False, "batch_size": 3, "chunk_size": 2,
+            **more, **extra}
+
+
+def backend_for(task):
+    if task == "xm3600_retrieval":
+        return FakeDual()
+    answers = {"xm3600": CAPTIONS, "xm100": CAPTIONS, "maxm": MAXM_ANSWERS, "mtvqa": MTVQA_ANSWERS,
+               "m3exam": M3EXAM_ANSWERS}
+    return FakeExamGenerative(answers=answers.get(task, EXAM_ANSWERS))
+
+
+def reference(task, lang, rule_name, opts, backend=None):
+    """One item at a time, straight from the backend (a fresh fake by default), judged by the task's rule."""
+    from volta_ml.suite.images import stack
+
+    row = TASKS[task]
+    data = row.reader(resolve(opts["data"]), lang, opts)
+    rule, backend = row.rules[rule_name], backend or backend_for(task)
+    scores, parsed = [], []
+    answers, letters = [], []
+    for item in data.items:
+        images = [data.store.load(k) for k in item.images]
+        images = [stack(images)] if backend.max_images is not None and len(images) > backend.max_images else images
+        prompt = row.prompt(item, rule.kind, getattr(backend, "vqa_frame", None))
+        if rule.kind == "letter" and item.options:
+            logits = backend.choice_logits([images], [prompt], list("ABCDEFGHIJ"[:len(item.options)]))[0]
+            letters.append(int(np.argmax(logits.numpy())))
+            answers.append("")
+        else:
+            answers.append(backend.generate([images], [prompt], opts.get("max_new_tokens") or row.max_new_tokens)[0])
+            letters.append(None)
+    if task in ("xm3600", "xm100"):
+        from pycocoevalcap.cider.cider import Cider
+        from volta_ml.suite.text import caption_tokens
+        _, per_item = Cider().compute_score(
+            {i: [" ".join(caption_tokens(r, lang)) for r in it.references] for i, it in enumerate(data.items)},
+            {i: [" ".join(caption_tokens(a, lang))] for i, a in enumerate(answers)})
+        return 100 * float(np.mean(per_item)), None
+    from volta_ml.suite.rules import gold_indices
+    for item, answer, letter in zip(data.items, answers, letters):
+        if letter is not None:
+            scores.append(float(letter in gold_indices(item)))
+            continue
+        judged = rule.judge({"answers": np.array([answer]), "scores": np.zeros((1, 1))}, [item], {})[0]
+        scores.append(judged.score)
+        if judged.parsed is not None:
+            parsed.append(judged.parsed)
+    return 100 * float(np.mean(scores)), (100 * (1 - float(np.mean(parsed))) if parsed else None)
+
+
+CASES = [("maxm", "en", "exact"), ("maxm", "zh", "relaxed"), ("xm3600", "zh", "cider"), ("xm3600", "th", "cider"),
+         ("xm100", "en", "cider"), ("mtvqa", "ja", "mtvqa"), ("xmmmu", "ja", "generate"), ("xmmmu", "ja", "letter"),
+         ("m3exam", "th", "generate"), ("m3exam", "th", "letter"), ("kaleidoscope", "uk", "generate"),
+         ("kaleidoscope", "uk", "letter"), ("kaleidoscope_multimodal", "uk", "reference")]
+
+
+@pytest.mark.parametrize("task,lang,rule", CASES)
+def test_scores_equal_one_item_at_a_time(suite, tmp_path, task, lang, rule):
+    opts = options(suite, task, lang, tmp_path, rule=rule)
+    result = run_suite(opts, backend=backend_for(task))
+    expected, format_errors = reference(task, lang, rule, opts)
+    assert result["metrics"]["score"] == pytest.approx(expected)
+    assert result["metrics"].get("format_error_rate") == (None if format_errors is None else
+                                                          pytest.approx(format_errors))
+    rows = [json.loads(l) for l in (tmp_path / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == result["n_items"] and {"id", "lang", "score", "parsed", "prediction", "prompt"} <= set(rows[0])
+    assert 100 * np.mean([r["score"] for r in rows]) == pytest.approx(result["metrics"]["score"])
+    assert result["first_prompt_rendered"].endswith(" ASSISTANT:") and result["prompts_version"]
+    record = json.loads((tmp_path / "result.json").read_text())
+    assert (record["task"], record["lang"], record["rule"], record["protocol"]) == (task, lang, rule, "zero_shot")
+
+
+def test_readers_keep_the_hard_cases(suite):
+    def read(task, lang, **extra):
+        data, more = data_of(suite, task)
+        return TASKS[task].reader(resolve(data), lang, {**more, **extra})
+
+    maxm = read("maxm", "en")
+    assert [i.references for i in maxm.items][0] == ("Red.", "red") and maxm.items[0].images == ("000411001ff7dd4f",)
+    mtvqa = read("mtvqa", "ja")
+    assert len(mtvqa.items) == 3 and mtvqa.skipped == {"empty answer": 1}     # the empty gold answer is left out
+    xmmmu = {i.id: i for i in read("xmmmu", "ja").items}
+    assert len(xmmmu["validation_Art_1"].options) == 5 and xmmmu["validation_Art_1"].answer == 1
+    assert [k[2] for k in xmmmu["validation_Math_2"].images] == ["image_1", "image_2"]
+    assert xmmmu["validation_Physics_3"].references == ("24",) and not xmmmu["validation_Physics_3"].options
+    assert xmmmu["validation_Chemistry_4"].options == ("<image 2>", "<image 3>")
+    m3 = read("m3exam", "th").items
+    assert [(i.answer, len(i.options)) for i in m3] == [(1, 5), (2, 4), (0, 2)]        # "2", "ค", "1"
+    assert m3[0].options[1] == "สุนัข" and m3[0].question.startswith("<image 1>")
+    assert m3[1].meta["background"] == "ดูภาพ <image 1> แล้วตอบคำถาม" and m3[1].images == ("image-2.png",)
+    assert m3[2].options == ("<image 1>", "<image 2>") and m3[2].images == ("image-3.png", "image-4.png")
+    kaleidoscope = read("kaleidoscope", "uk").items
+    assert [len(i.images) for i in kaleidoscope] == [1, 0, 3]                # a text-only question, image options
+    assert kaleidoscope[2].options == ("<image 2>", "<image 3>")
+    assert len(read("kaleidoscope_multimodal", "uk").items) == 2
+    retrieval = read("xm3600_retrieval", "de").retrieval
+    assert len(retrieval.captions) == 8 and retrieval.caption_image == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_xm3600_retrieval_equals_brute_force(suite, tmp_path):
+    from test_iglue_hf import brute_force_recalls
+
+    opts = options(suite, "xm3600_retrieval", "de", tmp_path)
+    result = run_suite(opts, backend=FakeDual())
+    data = TASKS["xm3600_retrieval"].reader(resolve(opts["data"]), "de", opts)
+    texts = FakeDual().embed_texts(data.retrieval.captions).numpy()
+    images = FakeDual().embed_images([data.store.source.load(r) for r in data.retrieval.images]).numpy()
+    for key, value in brute_force_recalls(texts @ images.T, data.retrieval.caption_image).items():
+        assert result["metrics"][key] == pytest.approx(value), key
+
+
+@pytest.mark.parametrize("task,lang,rule", [("m3exam", "th", "letter"), ("xmmmu", "ja", "generate"),
+                                            ("xm3600", "ja", "cider")])
+def test_batch_size_changes_nothing(suite, tmp_path, task, lang, rule):
+    for batch in (1, 4):
+        run_suite(options(suite, task, lang, tmp_path / str(batch), rule=rule, batch_size=batch, chunk_size=3),
+                  backend=backend_for(task))
+    assert (tmp_path / "1/predictions.jsonl").read_text() == (tmp_path / "4/predictions.jsonl").read_text()
+
+
+def test_resume_equals_uninterrupted(suite, tmp_path):
+    task, lang = "kaleidoscope", "uk"
+    whole = run_suite(options(suite, task, lang, tmp_path / "whole", batch_size=1, chunk_size=1),
+                      backend=backend_for(task))
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run_suite(options(suite, task, lang, tmp_path / "cut", batch_size=1, chunk_size=1),
+                  backend=FailingAfter(backend_for(task), 2))
+    again = backend_for(task)
+    resumed = run_suite(options(suite, task, lang, tmp_path / "cut", batch_size=1, chunk_size=1), backend=again)
+    assert resumed["metrics"] == whole["metrics"] and again.calls == 1
+    assert (tmp_path / "whole/predictions.jsonl").read_text() == (tmp_path / "cut/predictions.jsonl").read_text()
+
+
+def test_imported_answers_are_rescored_by_the_rule(suite, tmp_path, capsys):
+    """`--backend import`: another run's generated answers, scored by the task's rules (here: every MaXM rule
+    on the answers of one generation), equal to scoring them at generation time; an empty one is refused."""
+    generated = run_suite(options(suite, "maxm", "en", tmp_path / "gen"), backend=backend_for("maxm"))
+    rows = [json.loads(l) for l in (tmp_path / "gen/predictions.jsonl").read_text().splitlines()]
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(json.dumps({"id": r["id"], "prediction": r["generated"]}) + "\n" for r in rows))
+    for rule in ("exact", "relaxed", "pangea-relaxed"):
+        again = run_suite(options(suite, "maxm", "en", tmp_path / rule, rule=rule, backend="import",
+                                  predictions=str(answers)))
+        direct = run_suite(options(suite, "maxm", "en", tmp_path / f"{rule}-direct", rule=rule),
+                           backend=backend_for("maxm"))
+        assert again["metrics"] == direct["metrics"], rule
+    assert generated["metrics"] == run_suite(options(suite, "maxm", "en", tmp_path / "exact2", backend="import",
+                                                     predictions=str(answers)))["metrics"]
+    assert 0 < generated["metrics"]["score"] < 100
+    answers.write_text("".join(json.dumps({"id": r["id"], "prediction": "" if k == 1 else r["generated"]}) + "\n"
+                               for k, r in enumerate(rows)))
+    capsys.readouterr()
+    data, more = data_of(suite, "maxm")
+    code, err = _cli(["--task", "maxm", "--lang", "en", "--data", data, "--images", more["images"], "--backend",
+                      "import", "--predictions", str(answers), "--model", "other-harness", "--output_dir",
+                      str(tmp_path / "bad")], capsys)
+    assert code == 2 and err == (f"volta-ml suite: error: {answers}:2: item {rows[1]['id']!r} has an empty "
+                                 "prediction ('')")
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_equal_one(suite, tmp_path):
+    task, lang = "xmmmu", "ja"
+    one = run_suite(options(suite, task, lang, tmp_path / "one", chunk_size=1), backend=backend_for(task))
+    data, more = data_of(suite, task)
+    argv = ["--task", task, "--lang", lang, "--data", data, "--backend", "mllm", "--model", "/models/fake-vlm",
+            "--output_dir", str(tmp_path / "two"), "--chunk_size", "1", "--batch_size", "3", "--no_progress"]
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(_free_port()), str(REPO / "tests" / "helpers_suite_entry.py"), *argv],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    two = json.loads((tmp_path / "two" / "suite_results.json").read_text())
+    assert two["world_size"] == 2 and two["metrics"] == one["metrics"]
+    assert (tmp_path / "one/predictions.jsonl").read_text() == (tmp_path / "two/predictions.jsonl").read_text()
+
+
+def _cli(argv: list[str], capsys) -> tuple[int, str]:
+    from volta_ml.cli import main
+    code = main(["suite", *argv])
+    return code, capsys.readouterr().err.strip()
+
+
+def _break(path: Path, fn) -> None:
+    path.write_text(fn(path.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+def test_bad_inputs_are_one_line_exit_2(suite, tmp_path, capsys):
+    """The schema, the language, the images, the rule: each a one-line error naming the file / field / item."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def argv(task, lang, data=None, **flags):
+        d, more = data_of(suite, task)
+        out = ["--task", task, "--lang", lang, "--data", data or d, "--backend", "mllm", "--model", "/m/none",
+               "--output_dir", str(tmp_path / "out")]
+        for key, value in {**more, **flags}.items():
+            out += [f"--{key}", str(value)]
+        return out
+
+    maxm = tmp_path / "maxm"
+    shutil.copytree(suite["maxm"], maxm)
+    _break(maxm / "maxm_v1_en.json", lambda s: s.replace('"processed_answers"', '"processed"', 1))
+    images = tmp_path / "images"
+    shutil.copytree(suite["xm3600"]["images"], images)
+    (images / "0004886b7d043cfd.jpg").unlink()
+    mtvqa = tmp_path / "mtvqa.parquet"
+    table = pq.read_table(next(Path(suite["mtvqa"]).rglob("*.parquet")))
+    pq.write_table(table.drop_columns(["qa_pairs"]), mtvqa)
+    kal = tmp_path / "kal" / "train-00000-of-00001.parquet"
+    kal.parent.mkdir()
+    rows = pq.read_table(next(Path(suite["kaleidoscope"]).rglob("*.parquet"))).to_pylist()
+    rows[0]["answer"] = 7
+    pq.write_table(pa.Table.from_pylist(rows), kal)
+    shutil.copy(Path(suite["kaleidoscope"]) / "data.zip", kal.parent / "data.zip")
+    m3 = tmp_path / "m3"
+    shutil.copytree(suite["m3exam"], m3)
+    _break(next(m3.rglob("thai-questions-image.json")), lambda s: s.replace('"answer_text": "ค"', '"answer_text": "ฮ"'))
+    cases = [
+        (argv("maxm", "en", str(maxm)), r"maxm_v1_en.json: annotations\[0\].qa_pairs\[0\]: processed_answers must be"),
+        (argv("maxm", "de"), r"MaXM has no language 'de'; its languages: en, fr, hi, iw, ro, th, zh"),
+        (argv("maxm", "en", images=images), r"1 of the 2 images the maxm en questions show are not under .*images .*0004886b7d043cfd.jpg"),
+        (argv("mtvqa", "ja", str(mtvqa)), r"mtvqa.parquet: missing column\(s\) \['qa_pairs'\]"),
+        (argv("mtvqa", "ko"), r"no MTVQA questions in language 'ko' \(languages found: de, ja\)"),
+        (argv("kaleidoscope", "uk", str(kal.parent)), r"row 0: answer must be an option index 0-4, got 7"),
+        (argv("m3exam", "th", str(m3)), r"question 1: answer_text 'ฮ' names none of the 4 options"),
+        (argv("xm100", "en", subset=""), r"xm100: give --subset"),
+        (argv("m3exam", "th", rule="nope"), r"--rule 'nope' does not apply to m3exam; known: generate, letter, pangea"),
+        (argv("xm3600", "en", images=tmp_path / "nowhere"), r"4 of the 4 images the xm3600 en questions show are not under .*nowhere"),
+    ]
+    import re
+    for args, pattern in cases:
+        code, err = _cli(args, capsys)
+        assert code == 2, (args, err)
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("volta-ml suite: error: "), err
+        assert re.search(pattern, lines[0]), (pattern, lines[0])
+
+
+def test_iglue_tasks_are_rows_of_the_same_table():
+    assert {"xvnli", "xgqa", "marvl", "xflickrco", "wit"} <= set(TASKS)
+    assert all(TASKS[t].command == "iglue-hf" for t in ("xvnli", "xgqa", "marvl", "xflickrco", "wit"))
+    assert {t for t, row in TASKS.items() if row.command == "suite"} == set(SUITE)
+    for task, spec in SUITE.items():
+        row = TASKS[task]
+        assert row.kind == spec.kind and row.default_rule in row.rules and row.aggregate == spec.aggregate
+
+
+def test_sweep_over_the_suite_into_the_report(suite, tmp_path):
+    """A grid's `suite:` section: one `volta-ml suite` cell per model, task, rule and language, recorded by the
+    sweep's record step (its full-precision metrics), then tabulated by `volta-ml report`."""
+    import yaml
+
+    from volta_ml.protocols.grid import load_grid
+    from volta_ml.protocols.runners import plan_cells
+
+    xm = suite["xm3600"]
+    grid = {"name": "suite", "output_dir": str(tmp_path / "runs"),
+            "commands": {"suite": [sys.executable, str(REPO / "tests" / "helpers_suite_entry.py")]},
+            "suite": {"tasks": ["maxm", "mtvqa", "m3exam", "xm3600_retrieval"],
+                      "data": {"maxm": str(suite["maxm"]), "mtvqa": str(suite["mtvqa"]), "m3exam": str(suite["m3exam"]),
+                               "xm3600_retrieval": str(xm["captions"])},
+                      "images": {"maxm": str(xm["images"])},
+                      "languages": {"maxm": ["en", "zh"], "mtvqa": ["ja", "de"], "m3exam": ["th"],
+                                    "xm3600_retrieval": ["en", "de"]},
+                      "models": {"vlm": {"backend": "mllm", "model": "/m/vlm", "rules": {"m3exam": ["generate", "letter"]}},
+                                 "clip": {"backend": "clip", "model": "/m/clip"}}}}
+    path = tmp_path / "grid.yml"
+    path.write_text(yaml.safe_dump(grid, allow_unicode=True))
+    cells = sorted(c.id for c in plan_cells(load_grid(path)))
+    # a dual encoder gets the retrieval cells, a generative model the rest; rules asked for: one cell each
+    assert cells == ["suite/clip/xm3600_retrieval/de", "suite/clip/xm3600_retrieval/en",
+                     "suite/vlm/m3exam/generate/th", "suite/vlm/m3exam/letter/th", "suite/vlm/maxm/en",
+                     "suite/vlm/maxm/zh", "suite/vlm/mtvqa/de", "suite/vlm/mtvqa/ja"]
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    for command in (["sweep", str(path), "--local", "--only", "suite/vlm/maxm"],
+                    ["report", str(tmp_path / "runs"), "--no_plots"]):
+        proc = subprocess.run([sys.executable, "-m", "volta_ml.protocols.cli", *command], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    mine = {lang: json.loads((tmp_path / f"runs/suite/vlm/maxm/{lang}/eval/suite_results.json").read_text())
+            ["metrics"]["score"] for lang in ("en", "zh")}
+    record = json.loads((tmp_path / "runs/suite/vlm/maxm/zh/result.json").read_text())
+    assert record["metrics"]["score"] == mine["zh"] and record["rule"] == "exact" and record["backend"] == "mllm"
+    assert (tmp_path / "runs/report/MaXM.csv").read_text().splitlines() == [
+        "model,en,zh,mul", f"vlm,{mine['en']!r},{mine['zh']!r},{mine['zh']!r}"]
+
+
+def test_the_example_grid_plans_every_task():
+    from volta_ml.protocols.grid import load_grid
+    from volta_ml.protocols.runners import plan_cells
+
+    cells = plan_cells(load_grid(REPO / "examples" / "grids" / "suite.yml"))
+    assert {c.task for c in cells} == set(SUITE) and all(c.commands[0].argv[3] == "suite" for c in cells)
+    assert {c.task for c in cells if c.model == "mclip"} == {"xm3600_retrieval"}
+    assert sum(c.task == "xm3600" and c.model == "pangea-7b" for c in cells) == 36
+
+
+def csv_rows(path: Path) -> list[dict]:
+    import csv
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
+    from volta_ml.protocols.results import collect
+    from volta_ml.protocols.suite_report import write_suite_report
+
+    runs = tmp_path / "runs"
+    for task, lang, rule in [("mtvqa", "ja", None), ("mtvqa", "de", None), ("m3exam", "th", "generate"),
+                             ("m3exam", "th", "letter"), ("xm3600_retrieval", "en", None),
+                             ("xm3600_retrieval", "de", None), ("kaleidoscope", "en", None), ("kaleidoscope", "uk", None)]:
+        run_suite(options(suite, task, lang, runs / f"{task}-{lang}-{rule}", rule=rule, name="vlm"),
+                  backend=backend_for(task))
+    report = tmp_path / "report"
+    write_suite_report(collect(runs), report)
+    mtvqa = (report / "MTVQA.csv").read_text().splitlines()
+    # the paper averages all languages (no English here): mul and avg; published rows over the same columns
+    assert mtvqa[0] == "model,de,ja,mul,avg" and mtvqa[2] == "InternVL2.5 78B (published),39.0,21.1,30.05,30.05"
+    assert "partial: 2 of the benchmark's 9" in (report / "MTVQA.md").read_text()
+    m3 = (report / "M3Exam.csv").read_text().splitlines()
+    assert m3[0] == "model,th,mul" and [r.split(",")[0] for r in m3[1:]] == ["vlm (generate)", "vlm (letter)"]
+    errors = (report / "M3Exam_format_errors.csv").read_text().splitlines()
+    assert errors[0] == "model,th,mul" and errors[1].startswith("vlm (generate),") and len(errors) == 2
+    assert (report / "XM3600_retrieval_ir_r1.csv").read_text().startswith("model,en,de,mul\nvlm,")
+    kal = (report / "Kaleidoscope.csv").read_text().splitlines()
+    assert kal[0] == "model,en,uk,mul,avg"
+    summary = (report / "suite_summary.md").read_text()
+    assert "MTVQA avg" in summary and "M3Exam mul" in summary and "XM3600_retrieval ir_r1 en" in summary
+    # every run's per-item file averages to its metrics; the cells carry intervals; a baseline row is compared
+    from volta_ml import stats
+    for folder in ("mtvqa-ja-None", "m3exam-th-generate", "kaleidoscope-uk-None"):
+        record = json.loads((runs / folder / "result.json").read_text())
+        items = stats.read_items(runs / folder / record["items"])
+        for metric in ("score", "format_error_rate"):
+            values = stats.metric_values(items, metric)
+            if metric in record["metrics"]:
+                assert sum(values.values()) / len(values) == pytest.approx(record["metrics"][metric])
+    assert "±" in (report / "MTVQA.md").read_text() and "±" in (report / "M3Exam_format_errors.md").read_text()
+    assert "(published) | 39.00 |" in (report / "MTVQA.md").read_text()            # no interval: no items
+    write_suite_report(collect(runs), report, baseline="vlm (letter)")
+    row = next(r for r in csv_rows(report / "suite_baseline.csv") if r["table"] == "M3Exam" and r["column"] == "th")
+    letter, generate = (stats.metric_values(stats.read_items(runs / f"m3exam-th-{rule}/test_th_items.jsonl"), "score")
+                        for rule in ("letter", "generate"))
+    expected = stats.compare_items(generate, letter)
+    assert (row["A"], row["B"]) == ("vlm (generate)", "vlm (letter)")
+    assert (float(row["difference"]), float(row["ci_low"]), float(row["p_value"])) == \
+        (expected.difference, expected.low, expected.p_value)

@@ -1,0 +1,200 @@
+"""The suite's scoring rules, each against a plain computation written out here: hand-worked answers for the
+normalisations and parsers (the cases where the harnesses disagree side by side), and CIDEr against the
+pycocoevalcap scorer called directly on hand-tokenised text."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from volta_ml.suite import rules
+from volta_ml.suite.data import Item
+from volta_ml.suite.text import caption_tokens, normalise_answer, ptb_tokens
+
+
+def maxm_item(answers, processed, lang="en"):
+    return Item(id="q", lang=lang, question="?", references=tuple(answers), meta={"processed_answers": processed})
+
+
+@pytest.mark.parametrize("answer,answers,processed,lang,exact,relaxed,mblip,pangea_exact,pangea_relaxed", [
+    # an answer needing the normalisation: case, final period, article
+    ("The Red Car.", ["Red car"], ["red car"], "en", 1, 1, 0, 0, 0),
+    # number word vs digit (English only), and the processed form being the only exact form
+    ("Two", ["two doors"], ["2"], "en", 1, 1, 0, 0, 0),
+    # relaxed: gold at the start / end of a longer answer
+    ("red car parked outside", ["red car"], ["red car"], "en", 0, 1, 0, 0, 1),
+    # PangeaBench never lower-cases the gold answers: "Paris" cannot match its cleaned (lower-cased) prediction
+    ("Paris", ["Paris"], ["paris"], "en", 1, 1, 1, 1, 0),
+    # ... and maps true / false gold answers to yes / no
+    ("yes, it is", ["True"], ["true"], "en", 0, 0, 0, 0, 1),
+    # Chinese: full-width punctuation, no articles or number words
+    ("红色。", ["红色"], ["红色"], "zh", 1, 1, 0, 0, 1),
+    # full-width Latin letters (NFKC) and several references
+    ("ＲＥＤ", ["crimson", "Red"], ["crimson", "red"], "en", 1, 1, 0, 0, 0),
+    # an empty answer is never right, even against an empty processed form
+    ("", ["a"], ["a"], "en", 0, 0, 0, 0, 0),
+])
+def test_maxm_rules(answer, answers, processed, lang, exact, relaxed, mblip, pangea_exact, pangea_relaxed):
+    item = maxm_item(answers, processed, lang)
+    got = [rules.maxm_exact(answer, item).score, rules.maxm_relaxed(answer, item).score,
+           rules.maxm_mblip(answer, item).score, rules.maxm_pangea_exact(answer, item).score,
+           rules.maxm_pangea_relaxed(answer, item).score]
+    assert got == [exact, relaxed, mblip, pangea_exact, pangea_relaxed]
+
+
+def test_answer_normalisation_is_idempotent_and_language_aware():
+    assert normalise_answer("The  Two dogs!", "en") == "2 dogs"
+    assert normalise_answer("The  Two dogs!", "fr") == "the two dogs"
+    assert normalise_answer(normalise_answer("«Le chat», 3.5", "fr"), "fr") == normalise_answer("«Le chat», 3.5", "fr")
+    assert normalise_answer("北京，中国。", "zh") == "北京 中国"
+
+
+def test_vqa_clean_as_the_vqa_evaluation_writes_it():
+    assert rules.vqa_clean("The two red cars!") == "2 red cars"
+    assert rules.vqa_clean("1,000 people") == "1000 people"          # a digit comma: every listed mark removed
+    assert rules.vqa_clean("left/right") == "left right"               # no space beside it: a space instead
+    assert rules.vqa_clean("3.5 m. long") == "3.5 m long"              # a period before a digit stays
+
+
+@pytest.mark.parametrize("answer,gold,official,lmms", [
+    ("3.5ドルです", "3.5ドル", 0, 1),       # the official script strips periods from the prediction only
+    ("株式会社ABCの看板", "株式会社abc", 1, 1),
+    ("Ausgang.", "Ausgang", 1, 1),
+    ("Eingang", "Ausgang", 0, 0),
+])
+def test_mtvqa_containment(answer, gold, official, lmms):
+    item = Item(id="q", lang="ja", references=(gold,))
+    assert rules.mtvqa_official(answer, item).score == official
+    assert rules.mtvqa_lmms_eval(answer, item).score == lmms
+
+
+OPTIONS = ("Monet", "Van Gogh", "Picasso", "Dali", "Manet")
+
+
+@pytest.mark.parametrize("response,expected", [
+    ("(B)", "B"), ("B", "B"), ("The answer is C.", "C"), ("E. Manet", "E"),
+    ("B and D are wrong, A", "A"),                            # several letters: the one found last
+    ("I believe the painting is by Picasso without any doubt", "C"),   # > 5 words: the option text
+    ("A cat", "A"),                                           # MMMU's letter-then-space rule, taken literally
+    ("no idea", None), ("", None),                            # MMMU would draw a random letter here
+])
+def test_mmmu_choice_parser(response, expected):
+    got = rules.parse_mmmu_choice(response, OPTIONS)
+    assert (None if got is None else "ABCDE"[got]) == expected
+
+
+@pytest.mark.parametrize("response,gold,correct", [
+    ("The speed is 24 m/s", "24", True), ("24.0", "24", True), ("It is 1,200 metres.", "1200", True),
+    ("twenty four", "24", False), ("the answer is blue", "blue", True), ("a", "b", False),
+])
+def test_mmmu_open_answers(response, gold, correct):
+    assert rules.mmmu_open_correct(gold, rules.parse_mmmu_open(response)) == correct
+
+
+def test_mmmu_unparsed_choice_is_wrong_and_its_random_draw_is_only_an_expectation():
+    item = Item(id="q", lang="en", options=OPTIONS, answer=1)
+    judged = rules.mmmu_generate("no idea", item)
+    assert (judged.score, judged.parsed, judged.chance) == (0.0, False, 1 / 5)
+    judged = rules.mmmu_generate("(B)", item)
+    assert (judged.score, judged.parsed, judged.chance) == (1.0, True, 1.0)
+
+
+@pytest.mark.parametrize("response,official,illformat,pangea", [
+    ("B", "B", False, "B"),
+    ("(C) three", "C", True, "C"),
+    ("Answer: B", "A", True, "A"),          # M3Exam's eval reads the first character; PangeaBench the first A-D
+    ("Based on the image", "B", True, "D"),    # PangeaBench: "d " matches its case-insensitive letter pattern
+    ("E", "E", False, None),                # a fifth option: PangeaBench's parser knows A-D only
+    ("", None, False, None),
+])
+def test_m3exam_extractions(response, official, illformat, pangea):
+    item = Item(id="q", lang="th", options=("หนึ่ง", "สอง", "สาม", "สี่", "ห้า"), answer=2)
+    judged = rules.m3exam_official(response, item)
+    assert (judged.prediction if judged.parsed else None) == official
+    assert ("illformat" in judged.flags) == illformat
+    assert judged.score == float(official == "C")
+    got = rules.parse_pangea_m3exam(response, item.options)
+    assert (None if got is None else "ABCDE"[got]) == pangea
+
+
+@pytest.mark.parametrize("response,n,default,reference", [
+    ('{"choice": "B"}', 4, "B", "B"),
+    ('{"choice": "E"}', 5, "E", None),                 # the reference reads A-D only
+    ('{\n  "choice": "C",\n  "reasoning": "..."\n}', 4, "C", None),    # its regex is line-bound
+    ('```json\n{"choice": "D"}\n```', 4, "D", "D"),
+    ('{"choice": "B. тертя"}', 5, "B", "B"),
+    ('{"choice": "Б"}', 4, "B", "B"),                  # a letter in the question's script
+    ("b", 4, "B", None),                               # the reference does not upper-case a bare letter
+    ("The answer is B", 4, None, None),
+])
+def test_kaleidoscope_extractions(response, n, default, reference):
+    got = rules.parse_kaleidoscope(response, n)
+    assert (None if got is None else "ABCDE"[got]) == default
+    got = rules.parse_kaleidoscope_reference(response)
+    assert (None if got is None else "ABCD"[got]) == reference
+
+
+def test_kaleidoscope_reference_counts_any_of_a_to_d_as_an_answer():
+    item = Item(id="q", lang="uk", options=("x", "y"), answer=1)
+    assert rules.kaleidoscope_reference('{"choice": "D"}', item) == rules.Judged(0.0, True, "D", 0.0)
+    assert rules.kaleidoscope_generate('{"choice": "D"}', item) == rules.Judged(0.0, False, "", 0.5)
+    assert rules.kaleidoscope_reference("B", item) == rules.Judged(1.0, True, "B", 1.0)
+
+
+def test_letter_rule_reads_only_the_question_s_own_letters():
+    items = [Item(id="a", lang="en", options=("x", "y"), answer=1), Item(id="b", lang="en", options=OPTIONS, answer=4)]
+    scores = np.array([[0.1, 0.5, -np.inf, -np.inf, -np.inf], [0.0, 0.2, 0.1, 0.3, 0.9]], dtype=np.float32)
+    judged = rules.LETTER_RULE.judge({"scores": scores, "answers": np.array(["", ""])}, items, {})
+    assert [(j.prediction, j.score) for j in judged] == [("B", 1.0), ("E", 1.0)]
+
+
+def test_ptb_tokens():
+    assert ptb_tokens("A man's bicycle, leaning (against) a wall. Don't!") == \
+        ["a", "man", "'s", "bicycle", "leaning", "against", "a", "wall", "do", "n't"]
+
+
+def test_word_segmentation_of_zh_ja_th():
+    assert caption_tokens("一辆红色的汽车。", "zh") == ["一", "辆", "红", "色", "的", "汽", "车"]
+    assert caption_tokens("一辆红色的汽车。", "zh", segment=False) == ["一辆红色的汽车"]
+    assert caption_tokens("รถยนต์สีแดงจอดอยู่หน้าบ้าน", "th") == ["รถยนต์", "สีแดง", "จอด", "อยู่", "หน้าบ้าน"]
+    assert caption_tokens("家の前に赤い車が止まっている。", "ja") == ["家", "の", "前", "に", "赤い車", "が", "止まっ", "て",
+                                                                 "いる"]
+
+
+def test_cider_equals_the_scorer_on_hand_tokenised_text():
+    """pycocoevalcap's Cider called directly on captions tokenised by hand give the rule's per-item and corpus
+    scores, for a language with word boundaries, one segmented by characters, and Thai / Japanese words."""
+    from pycocoevalcap.cider.cider import Cider
+
+    cases = {
+        "en": ([["A red car parked in front of a house.", "a small red car on the street"],
+                ["Two dogs are playing on the grass.", "Dogs running in a park."],
+                ["A plate of rice."]],
+               ["A red car in front of the house.", "two dogs playing", ""],
+               [["a red car parked in front of a house", "a small red car on the street"],
+                ["two dogs are playing on the grass", "dogs running in a park"], ["a plate of rice"]],
+               ["a red car in front of the house", "two dogs playing", ""]),
+        "zh": ([["一辆红色的汽车。", "红色小汽车"], ["两只狗在玩。"]], ["红色的汽车", "狗在玩耍"],
+               [["一 辆 红 色 的 汽 车", "红 色 小 汽 车"], ["两 只 狗 在 玩"]], ["红 色 的 汽 车", "狗 在 玩 耍"]),
+        "th": ([["รถยนต์สีแดงจอดอยู่หน้าบ้าน"], ["รถสีแดงคันเล็กบนถนน"]], ["รถยนต์สีแดง", "รถคันเล็ก"],
+               [["รถยนต์ สีแดง จอด อยู่ หน้าบ้าน"], ["รถ สีแดง คัน เล็ก บน ถนน"]], ["รถยนต์ สีแดง", "รถ คัน เล็ก"]),
+        "ja": ([["家の前に赤い車が止まっている。"], ["通りの小さな赤い車"]], ["赤い車が家の前にある。", "小さな赤い車"],
+               [["家 の 前 に 赤い車 が 止まっ て いる"], ["通り の 小さ な 赤い車"]],
+               ["赤い車 が 家 の 前 に ある", "小さな 赤い車"]),
+    }
+    for lang, (references, answers, hand_refs, hand_answers) in cases.items():
+        items = [Item(id=str(i), lang=lang, references=tuple(r)) for i, r in enumerate(references)]
+        judged = rules.CIDER_RULES["cider"].judge({"answers": np.array(answers)}, items, {})
+        corpus, per_item = Cider().compute_score({i: r for i, r in enumerate(hand_refs)},
+                                                 {i: [a] for i, a in enumerate(hand_answers)})
+        assert [j.score for j in judged] == pytest.approx(list(per_item)), lang
+        assert np.mean([j.score for j in judged]) == pytest.approx(corpus), lang
+        assert corpus > 0, lang
+
+
+def test_cider_without_segmentation_sees_one_word_per_chinese_sentence():
+    """PangeaBench's xm100 joins its segmented words back without spaces: a Chinese caption is one token."""
+    items = [Item(id="0", lang="zh", references=("一辆红色的汽车。",)), Item(id="1", lang="zh", references=("两只狗。",))]
+    arrays = {"answers": np.array(["红色的汽车", "两只狗"])}
+    segmented = rules.CIDER_RULES["cider"].judge(arrays, items, {})
+    whole = rules.CIDER_RULES["cider-nosegment"].judge(arrays, items, {})
+    assert segmented[0].score > 0 and whole[0].score == 0 and whole[1].score > 0

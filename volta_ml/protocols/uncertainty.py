@@ -1,0 +1,270 @@
+"""The uncertainty of the report's cells: a bootstrap interval over the items that produced each number, the spread
+over seeds, the generate rule's format-error rate, and paired comparisons of two rows (a `baseline`, or
+`volta-ml compare`). `volta_ml/stats.py` computes; this module finds each cell's items and lays out the rows.
+
+A cell (one table row, one language) holds the result records of its seeds. Its items are the per-item values of
+the metric (`<split>_items.jsonl` named by each record's `items`), averaged over the seeds item by item, so the
+interval's estimate is the mean over seeds of the cell's score; a cell whose seeds scored different items, or
+any of whose records has no per-item file (old IGLUE logs), has no interval. An aggregate column's interval
+(IGLUE's `avg` over the target languages; the suite's `mul` and `avg`) resamples each language's items within the
+language and averages the languages' means. Item ids are prefixed with their language there (`ar/<id>`), so the
+same question in two languages stays two items.
+
+A table here is anything with `models`, `columns`, `sources` (row -> language -> records), `metric`,
+`aggregate_columns()` ([(name, languages)]) and `aggregate_value(row, name)`: the report's IGLUE `Table` and the
+suite's `SuiteTable`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from volta_ml.engine.failures import UsageError
+
+from volta_ml.stats import (
+    Comparison, Interval, ItemsError, Options, SeedSpread, format_estimate, metric_values, read_items, seed_spread,
+)
+
+FORMAT_ERRORS = "parse_failure_rate"   # the generate rule's unparsed answers (% of items), iglue-hf's metric
+AVG = "avg"
+
+
+class ItemFiles:
+    """Reads each per-item file once."""
+
+    def __init__(self):
+        self.cache: dict[str, dict | ItemsError] = {}
+
+    def of(self, record: dict) -> dict | None:
+        path = record.get("items")
+        if not path:
+            return None
+        if path not in self.cache:
+            try:
+                self.cache[path] = read_items(path)
+            except ItemsError as error:
+                self.cache[path] = error
+        found = self.cache[path]
+        return None if isinstance(found, ItemsError) else found
+
+
+def seed_items(records: list[dict], metric: str, files: ItemFiles) -> tuple[dict[str, float] | None, str]:
+    """The cell's {item id: value averaged over its seeds}, or (None, why not)."""
+    per_seed = []
+    for record in records:
+        items = files.of(record)
+        if items is None:
+            return None, "no per-item file" if not record.get("items") else f"{record['items']}: unreadable"
+        values = metric_values(items, metric)
+        if not values:
+            return None, f"{record['items']}: no {metric} items"
+        per_seed.append(values)
+    first = per_seed[0]
+    if any(set(v) != set(first) for v in per_seed[1:]):
+        return None, "the seeds scored different items"
+    return {i: sum(v[i] for v in per_seed) / len(per_seed) for i in first}, ""
+
+
+@dataclass
+class CellStats:
+    value: float | None
+    interval: Interval | None = None
+    seeds: SeedSpread | None = None
+    format_errors: float | None = None           # mean over seeds of the rate (%)
+    format_interval: Interval | None = None
+    note: str = ""                               # why there is no interval
+    items: int | None = None
+
+
+def metric_seeds(records: list[dict], metric: str) -> SeedSpread | None:
+    values = [r["metrics"][metric] for r in records if r.get("metrics", {}).get(metric) is not None]
+    return seed_spread(values) if values else None
+
+
+def cell_stats(records: list[dict], metric: str, files: ItemFiles, options: Options) -> CellStats:
+    seeds = metric_seeds(records, metric)
+    stats = CellStats(seeds.mean if seeds else None, seeds=seeds)
+    items, stats.note = seed_items(records, metric, files)
+    if items:
+        stats.interval, stats.items = options.interval(list(items.values())), len(items)
+    errors = metric_seeds(records, FORMAT_ERRORS)
+    if errors:
+        stats.format_errors = errors.mean
+        error_items, _ = seed_items(records, FORMAT_ERRORS, files)
+        if error_items:
+            stats.format_interval = options.interval(list(error_items.values()))
+    return stats
+
+
+def language_items(sources: dict[str, list[dict]], langs: list[str], metric: str,
+                   files: ItemFiles) -> tuple[dict[str, float] | None, dict[str, str], str]:
+    """Items of several languages as one stratified sample: ({"<lang>/<id>": value}, {key: lang}, why not)."""
+    values, groups = {}, {}
+    for lang in langs:
+        items, why = seed_items(sources.get(lang, []), metric, files) if sources.get(lang) else (None, "missing")
+        if items is None:
+            return None, {}, f"{lang}: {why}"
+        for item, value in items.items():
+            values[f"{lang}/{item}"] = value
+            groups[f"{lang}/{item}"] = lang
+    return values, groups, ""
+
+
+def average_seeds(sources: dict[str, list[dict]], langs: list[str], metric: str) -> SeedSpread | None:
+    """The spread over seeds of the average over `langs`, where every language was run with the same seeds."""
+    per_lang = [{r.get("seed"): r["metrics"][metric] for r in sources.get(lang, [])} for lang in langs]
+    seeds = set(per_lang[0]) if per_lang else set()
+    if len(seeds) < 2 or any(set(s) != seeds or len(s) != len(sources[l]) for s, l in zip(per_lang, langs)):
+        return None
+    return seed_spread([sum(s[k] for s in per_lang) / len(per_lang) for k in sorted(seeds, key=str)])
+
+
+def table_stats(table, metric: str, files: ItemFiles, options: Options) -> dict[tuple[str, str], CellStats]:
+    """(row, column) -> CellStats for every cell of a table with record sources (languages and aggregates)."""
+    out = {}
+    for model in table.models:
+        sources = table.sources.get(model, {})
+        if not sources:
+            continue
+        for lang in table.columns:
+            if sources.get(lang):
+                out[(model, lang)] = cell_stats(sources[lang], metric, files, options)
+        for name, langs in table.aggregate_columns():
+            value = table.aggregate_value(model, name)
+            if value is None:
+                continue
+            stats = CellStats(value, seeds=average_seeds(sources, langs, metric))
+            values, groups, stats.note = language_items(sources, langs, metric, files)
+            if values:
+                stats.interval = options.interval(list(values.values()), list(groups.values()), average="macro")
+                stats.items = len(values)
+            out[(model, name)] = stats
+    return out
+
+
+def cell_text(value: float | None, stats: CellStats | None, digits: int, style: str) -> str:
+    """A table cell: the table's value with its interval (`56.30 ± 1.20`), or the value alone, or "–"."""
+    if value is None:
+        return "–"
+    if stats is None or stats.interval is None:
+        return f"{value:.{digits}f}"
+    return format_estimate(value, stats.interval.low, stats.interval.high, digits, style)
+
+
+UNCERTAINTY_HEADER = ["model", "column", "value", "ci_low", "ci_high", "items", "seeds", "seed_mean", "seed_std",
+                      "per_seed", "format_error_rate", "format_error_low", "format_error_high", "note", "method",
+                      "confidence", "n_resamples", "bootstrap_seed"]
+
+
+def _num(value) -> str:
+    return "" if value is None else repr(float(value))
+
+
+def uncertainty_rows(table, stats: dict[tuple[str, str], CellStats], options: Options) -> list[list[str]]:
+    """The long-format rows of `uncertainty/<stem>.csv` (UNCERTAINTY_HEADER), one per cell with a value."""
+    rows = []
+    for model in table.models:
+        for column in table.columns + [name for name, _ in table.aggregate_columns()]:
+            s = stats.get((model, column))
+            if s is None or s.value is None:
+                continue
+            iv, seeds, fe = s.interval, s.seeds, s.format_interval
+            rows.append([model, column, _num(s.value), _num(iv and iv.low), _num(iv and iv.high),
+                         "" if s.items is None else str(s.items), "" if seeds is None else str(seeds.n),
+                         _num(seeds and seeds.mean), _num(seeds and seeds.std),
+                         " ".join(repr(v) for v in seeds.values) if seeds else "",
+                         _num(s.format_errors), _num(fe and fe.low), _num(fe and fe.high), s.note,
+                         options.method, repr(options.confidence), str(options.n_resamples), str(options.seed)])
+    return rows
+
+
+# --- comparisons of two rows ---------------------------------------------------------------------------------------
+COMPARE_HEADER = ["table", "column", "A", "B", "A_value", "B_value", "difference", "ci_low", "ci_high", "p_value",
+                  "exact", "paired_items", "only_in_A", "only_in_B", "note"]
+
+
+@dataclass
+class CellComparison:
+    table: str
+    column: str
+    a: str
+    b: str
+    result: Comparison | None = None
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def csv_row(self) -> list[str]:
+        r = self.result
+        if r is None:
+            return [self.table, self.column, self.a, self.b] + [""] * 10 + [self.note]
+        return [self.table, self.column, self.a, self.b, repr(r.a), repr(r.b), repr(r.difference), repr(r.low),
+                repr(r.high), repr(r.p_value), str(r.exact).lower(), str(r.n), " ".join(r.only_a), " ".join(r.only_b),
+                self.note]
+
+    def markdown_row(self, digits: int) -> list[str]:
+        r = self.result
+        if r is None:
+            return [self.table, self.column, self.a, self.b, "–", "–", "–", "–", "–", self.note]
+        return [self.table, self.column, self.a, self.b, f"{r.a:.{digits}f}", f"{r.b:.{digits}f}",
+                f"{r.difference:+.{digits}f} [{r.low:+.{digits}f}, {r.high:+.{digits}f}]", f"{r.p_value:.4f}",
+                str(r.n), "; ".join(x for x in (r.missing_text(), self.note) if x)]
+
+
+def compare_md_header(options: Options) -> list[str]:
+    return ["table", "column", "A", "B", "A value", "B value", f"A − B [{options.confidence:.0%} CI]", "p",
+            "paired items", "missing items / note"]
+
+
+def compare_rows(stem: str, table_a, row_a: str, table_b, row_b: str, metric: str, files: ItemFiles,
+                 options: Options) -> list[CellComparison]:
+    """Row `row_a` of `table_a` minus row `row_b` of `table_b`, per language both have and per aggregate (`avg`,
+    `mul`) over its languages both have: the paired difference on the items both scored (those on one side only
+    are named), its paired bootstrap interval and the permutation p-value."""
+    sources_a, sources_b = table_a.sources.get(row_a, {}), table_b.sources.get(row_b, {})
+    out = []
+    columns = [c for c in table_a.columns if c in table_b.columns]
+    for column in columns:
+        cell = CellComparison(stem, column, row_a, row_b)
+        if not sources_a.get(column) or not sources_b.get(column):
+            cell.note = f"no score for {'A' if not sources_a.get(column) else 'B'}"
+        else:
+            a, why_a = seed_items(sources_a[column], metric, files)
+            b, why_b = seed_items(sources_b[column], metric, files)
+            if a is None or b is None:
+                cell.note = f"A: {why_a}" if a is None else f"B: {why_b}"
+            elif not set(a) & set(b):
+                cell.note = f"no item in common ({len(a)} in A, {len(b)} in B)"
+            else:
+                cell.result = options.compare(a, b)
+        out.append(cell)
+    for name, langs in table_a.aggregate_columns():
+        targets = [t for t in langs if t in dict(table_b.aggregate_columns()).get(name, ())]
+        if not targets:
+            continue
+        cell = CellComparison(stem, name, row_a, row_b)
+        a, groups_a, why_a = language_items(sources_a, targets, metric, files)
+        b, _, why_b = language_items(sources_b, targets, metric, files)
+        if a is None or b is None:
+            cell.note = f"A: {why_a}" if a is None else f"B: {why_b}"
+        elif not set(a) & set(b):
+            cell.note = "no item in common"
+        else:
+            cell.result = options.compare(a, b, groups_a, average="macro")
+        out.append(cell)
+    return out
+
+
+def row_pairs(stem: str, rows_a: list[str], rows_b: list[str], row_a: str | None,
+              row_b: str | None) -> list[tuple[str, str]]:
+    """Which rows of table `stem` two runs compare: the chosen ones (`--row_a` / `--row_b`), else the rows of the
+    same name, else the only row of each side; a choice is needed (UsageError) where that leaves several."""
+    if row_a or row_b:
+        a = row_a if row_a else (rows_a[0] if len(rows_a) == 1 else None)
+        b = row_b if row_b else (rows_b[0] if len(rows_b) == 1 else None)
+        return [(a, b)] if a in rows_a and b in rows_b else []
+    shared = [r for r in rows_a if r in rows_b]
+    if shared:
+        return [(r, r) for r in shared]
+    if len(rows_a) == 1 and len(rows_b) == 1:
+        return [(rows_a[0], rows_b[0])]
+    raise UsageError(f"{stem}: A has rows {', '.join(rows_a)} and B has rows {', '.join(rows_b)}; choose with "
+                     f"--row_a / --row_b")

@@ -1,0 +1,383 @@
+"""Every number with its uncertainty: bootstrap intervals, paired comparisons, seed spread, and the per-item file
+they are computed from. Serves every layer (it imports only `atomic.py`): the entry points write per-item files,
+`volta-ml report`, `volta-ml cvqa report` and `volta-ml compare` read them.
+
+The per-item record format (`<split>_items.jsonl`, beside the files an entry point already writes)
+------------------------------------------------------------------------------------------------------
+JSON Lines, one object per item: `{"id": "<item id>", "<metric>": value, ...}`, optionally `"group": "<key>"`.
+`id` names the item (a question id, `caption:<n>`, `image:<key>`) so that two runs can be paired item by item;
+every other key but `group` is a metric, and the cell's number for that metric is the mean of its items' values on
+the same scale (accuracy: 100 for a correct item, 0 for a wrong one; recall@k per retrieval query; a per-image
+caption score). An item may carry only some metrics (retrieval: a caption has the image-retrieval ones, an image
+the text-retrieval ones). `write_items` / `read_items` / `metric_values` read and write it.
+
+Intervals (`interval`)
+----------------------
+`scipy.stats.bootstrap`, the **percentile** method by default (`method="BCa"` on request), `n_resamples`
+resamples drawn by `numpy.random.default_rng(seed)`: reproducible, and exactly what a plain numpy bootstrap
+draws: for each batch of resamples, for each group in sorted order, `rng.integers(0, n_group, (batch, n_group))`
+(one batch unless `n_resamples x items` exceeds `BATCH_ELEMENTS`). With `groups` (languages, country-language
+pairs) the resampling is stratified: each group's items are resampled within the group, so every resample has the
+same number of items per group. `average="micro"` is the mean over all items, `average="macro"` the unweighted
+mean of the groups' means (IGLUE's `avg` over languages, CVQA's macro over pairs). A group with one item is a
+constant of every resample; a cell whose items are all equal has the interval [value, value].
+
+Paired comparisons (`paired_test`, `compare_items`)
+---------------------------------------------------
+The difference `a - b` of the same statistic on the same items, with a paired (stratified) bootstrap interval of
+the difference (the bootstrap of the per-item differences, drawn as `interval` draws; for a mean the same as
+resampling the pairs) and a two-sided p-value from a paired permutation test: under the null hypothesis each
+item's two values are exchangeable, so the sign of its difference flips (`sign_flip_p_value`): exact over all 2^n
+sign patterns when 2^n <= `n_permutations`, otherwise approximate randomisation with `n_permutations` random
+patterns and p = (k + 1) / (n_permutations + 1). (`scipy.stats.permutation_test(permutation_type="samples")` is
+the same test, but it loops over the items in Python: 26 s for 9,000 items x 9,999 patterns on one core, 1.7 s
+here.) `compare_items` pairs two {id: value} mappings and names the items found on one side only: they are
+listed in the result, never dropped silently.
+
+Seeds (`seed_spread`): the mean, the sample standard deviation (ddof=1; None for one seed) and n over seeds.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from volta_ml.atomic import atomic_open
+
+ITEMS_SUFFIX = "_items.jsonl"
+CONFIDENCE = 0.95
+N_RESAMPLES = 2000          # bootstrap resamples of an interval
+N_PERMUTATIONS = 9999       # sign patterns of a permutation test (exact below 2^13 items ... 14 items)
+SEED = 0
+METHODS = {"percentile": "percentile", "bca": "BCa"}   # accepted spellings -> scipy's names
+AVERAGES = ("micro", "macro")
+BATCH_ELEMENTS = 2 ** 23    # resampled values held at once (memory bound of one bootstrap batch)
+RESERVED = ("id", "group")
+
+
+class ItemsError(ValueError):
+    """A per-item file that cannot be read; the message names the file and line."""
+
+
+# --- the per-item file -------------------------------------------------------------------------------------------
+def items_path(result_path: str | Path) -> Path:
+    """The per-item file beside `<split>_result.json` (or beside any file: `<stem>_items.jsonl`)."""
+    path = Path(result_path)
+    stem = path.name[: -len("_result.json")] if path.name.endswith("_result.json") else path.stem
+    return path.with_name(stem + ITEMS_SUFFIX)
+
+
+def unique_ids(ids: Iterable) -> list[str]:
+    """Item ids as strings, a repeated one numbered by its occurrence (`q7`, `q7#2`), so a file with repeated ids
+    still pairs item by item with another run of the same file."""
+    seen: dict[str, int] = {}
+    out = []
+    for item in map(str, ids):
+        seen[item] = seen.get(item, 0) + 1
+        out.append(item if seen[item] == 1 else f"{item}#{seen[item]}")
+    return out
+
+
+def write_items(path: str | Path, rows: Iterable[Mapping]) -> Path:
+    """Write per-item rows (`{"id": ..., metric: value, ...}`) atomically; ids must be unique."""
+    seen: set[str] = set()
+    lines = []
+    for row in rows:
+        item = str(row["id"])
+        if item in seen:
+            raise ValueError(f"{path}: item id {item!r} appears twice")
+        seen.add(item)
+        out = {"id": item}
+        if row.get("group") is not None:
+            out["group"] = str(row["group"])
+        out.update({k: float(v) for k, v in row.items() if k not in RESERVED})
+        lines.append(json.dumps(out, ensure_ascii=False))
+    path = Path(path)
+    with atomic_open(path, "w", encoding="utf-8") as handle:
+        handle.write("".join(line + "\n" for line in lines))
+    return path
+
+
+def read_items(path: str | Path) -> dict[str, dict]:
+    """{id: {metric: value, ("group": key)}} in file order."""
+    items: dict[str, dict] = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ItemsError(f"{path}: cannot read the per-item file ({error})") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            item = str(row["id"])
+            values = {k: (str(v) if k == "group" else float(v)) for k, v in row.items() if k != "id"}
+        except (ValueError, KeyError, TypeError) as error:
+            raise ItemsError(f"{path} line {number}: not an item record {{\"id\": ..., metric: number}} "
+                             f"({error})") from None
+        if item in items:
+            raise ItemsError(f"{path} line {number}: item id {item!r} appears twice")
+        items[item] = values
+    return items
+
+
+def metric_values(items: Mapping[str, Mapping], metric: str) -> dict[str, float]:
+    """{id: value} of the items that carry `metric`."""
+    return {item: float(values[metric]) for item, values in items.items() if metric in values}
+
+
+# --- intervals ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Interval:
+    estimate: float
+    low: float
+    high: float
+    n: int                      # items
+    groups: int                 # strata (1 without groups)
+    confidence: float = CONFIDENCE
+    method: str = "percentile"
+    n_resamples: int = N_RESAMPLES
+    seed: int = SEED
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def text(self, digits: int = 2, style: str = "pm") -> str:
+        """`56.30 ± 1.20` (half the interval's width; style "pm") or `56.30 [55.10, 57.50]` (style "brackets")."""
+        return format_estimate(self.estimate, self.low, self.high, digits, style)
+
+
+def format_estimate(estimate: float, low: float, high: float, digits: int = 2, style: str = "pm") -> str:
+    """`56.30 ± 1.20` (pm: half the interval's width), `56.30 [55.10, 57.50]` (brackets) or `56.30` (none)."""
+    if style == "none":
+        return f"{estimate:.{digits}f}"
+    if style == "brackets":
+        return f"{estimate:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    if style == "pm":
+        return f"{estimate:.{digits}f} ± {(high - low) / 2:.{digits}f}"
+    raise ValueError(f"unknown interval style {style!r} (pm, brackets, none)")
+
+
+def _method(method: str) -> str:
+    try:
+        return METHODS[method.lower()]
+    except KeyError:
+        raise ValueError(f"unknown bootstrap method {method!r} (percentile, BCa)") from None
+
+
+def _strata(values, groups) -> tuple[list[str], list[np.ndarray]]:
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if values.size == 0:
+        raise ValueError("no items: an interval needs at least one value")
+    if not np.all(np.isfinite(values)):
+        raise ValueError("item values must be finite numbers")
+    if groups is None:
+        return [""], [values]
+    groups = [str(g) for g in groups]
+    if len(groups) != values.size:
+        raise ValueError(f"{values.size} values but {len(groups)} group keys")
+    keys = sorted(set(groups))
+    index = {k: i for i, k in enumerate(keys)}
+    codes = np.array([index[g] for g in groups])
+    return keys, [values[codes == i] for i in range(len(keys))]
+
+
+def _weights(samples: list[np.ndarray], average: str) -> list[float]:
+    """Weight of each group's mean in the statistic."""
+    if average not in AVERAGES:
+        raise ValueError(f"unknown average {average!r} (micro, macro)")
+    total = sum(s.size for s in samples)
+    if average == "macro":
+        return [1.0 / len(samples)] * len(samples)
+    return [s.size / total for s in samples]
+
+
+def _statistic(samples: list[np.ndarray], average: str):
+    """(resampled arrays, statistic over them, its value on the data): groups of one item are constants."""
+    weights = _weights(samples, average)
+    constant = sum(w * float(s.mean()) for w, s in zip(weights, samples) if s.size < 2)
+    varying = [(w, s) for w, s in zip(weights, samples) if s.size >= 2]
+    resampled_weights = [w for w, _ in varying]
+
+    def statistic(*arrays, axis=-1):
+        return constant + sum(w * np.mean(a, axis=axis) for w, a in zip(resampled_weights, arrays))
+
+    estimate = constant + sum(w * float(s.mean()) for w, s in varying)
+    return [s for _, s in varying], statistic, estimate
+
+
+def _batch(samples: list[np.ndarray], n_resamples: int) -> int:
+    return max(1, min(n_resamples, BATCH_ELEMENTS // max(1, sum(s.size for s in samples))))
+
+
+def interval(values: Sequence[float], groups: Sequence[str] | None = None, *, average: str = "micro",
+             confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES, seed: int = SEED,
+             method: str = "percentile") -> Interval:
+    """The bootstrap interval of the mean of `values` (micro) or of the mean of the groups' means (macro), items
+    resampled within their `groups` (see the module docstring for the exact draws)."""
+    from scipy.stats import bootstrap
+
+    method = _method(method)
+    keys, samples = _strata(values, groups)
+    if average == "macro" and groups is None:
+        raise ValueError("average='macro' needs groups")
+    resampled, statistic, estimate = _statistic(samples, average)
+    n = sum(s.size for s in samples)
+    common = dict(n=n, groups=len(keys), confidence=confidence, method=method, n_resamples=n_resamples, seed=seed)
+    if not resampled or all(np.all(s == s[0]) for s in resampled):      # nothing varies: a point
+        return Interval(estimate, estimate, estimate, **common)
+    result = bootstrap(tuple(resampled), statistic, n_resamples=n_resamples, confidence_level=confidence,
+                       method=method, rng=np.random.default_rng(seed), vectorized=True, axis=-1,
+                       batch=_batch(resampled, n_resamples))
+    ci = result.confidence_interval
+    return Interval(estimate, float(ci.low), float(ci.high), **common)
+
+
+# --- paired comparisons ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Comparison:
+    a: float                    # the statistic on side A's items (the paired ones)
+    b: float
+    difference: float           # a - b
+    low: float                  # paired bootstrap interval of the difference
+    high: float
+    p_value: float              # two-sided paired permutation test
+    n: int                      # paired items
+    exact: bool                 # all 2^n sign patterns enumerated
+    only_a: tuple[str, ...] = ()     # item ids found on side A only (not in the difference)
+    only_b: tuple[str, ...] = ()
+    confidence: float = CONFIDENCE
+    method: str = "percentile"
+    n_resamples: int = N_RESAMPLES
+    n_permutations: int = N_PERMUTATIONS
+    seed: int = SEED
+    groups: int = 1
+
+    def text(self, digits: int = 2, style: str = "pm") -> str:
+        return format_estimate(self.difference, self.low, self.high, digits, style)
+
+    def missing_text(self, limit: int = 5) -> str:
+        """`2 only in A (q1, q7); 1 only in B (q9)`, or "" when both sides have the same items."""
+        parts = []
+        for side, ids in (("A", self.only_a), ("B", self.only_b)):
+            if ids:
+                shown = ", ".join(ids[:limit]) + (", ..." if len(ids) > limit else "")
+                parts.append(f"{len(ids)} only in {side} ({shown})")
+        return "; ".join(parts)
+
+
+def paired_test(a: Sequence[float], b: Sequence[float], groups: Sequence[str] | None = None, *,
+                average: str = "micro", confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
+                n_permutations: int = N_PERMUTATIONS, seed: int = SEED, method: str = "percentile",
+                only_a: Sequence[str] = (), only_b: Sequence[str] = ()) -> Comparison:
+    """`a[i]` and `b[i]` are the same item's values in two runs (aligned). The difference of the statistic
+    (micro / macro over `groups`), its paired bootstrap interval and the permutation p-value."""
+    a = np.asarray(a, dtype=np.float64).reshape(-1)
+    b = np.asarray(b, dtype=np.float64).reshape(-1)
+    if a.shape != b.shape:
+        raise ValueError(f"paired values of different lengths ({a.size} and {b.size})")
+    if a.size == 0:
+        raise ValueError("no paired items: the two runs share no item")
+    diff = interval(a - b, groups, average=average, confidence=confidence, n_resamples=n_resamples, seed=seed,
+                    method=method)
+    keys, samples = _strata(a - b, groups)
+    weights = np.concatenate([np.full(s.size, w / s.size) for w, s in zip(_weights(samples, average), samples)])
+    ordered = np.concatenate(samples)             # the differences, grouped as the weights are
+    p_value, exact = sign_flip_p_value(ordered * weights, n_permutations, seed)
+    stat_a = interval_estimate(a, groups, average)
+    stat_b = interval_estimate(b, groups, average)
+    return Comparison(stat_a, stat_b, diff.estimate, diff.low, diff.high, p_value, int(a.size), exact,
+                      tuple(only_a), tuple(only_b), confidence, diff.method, n_resamples, n_permutations, seed,
+                      len(keys))
+
+
+def sign_flip_p_value(contributions: np.ndarray, n_permutations: int = N_PERMUTATIONS,
+                      seed: int = SEED) -> tuple[float, bool]:
+    """Two-sided p-value of the statistic T = sum(contributions) under random sign flips of the contributions
+    (each item's two values swap sides): the share of sign patterns with |T*| >= |T| (the null distribution is
+    symmetric, so this is also twice the smaller one-sided p-value). Exact over all 2^n patterns when
+    2^n <= n_permutations (the observed pattern is one of them); otherwise `n_permutations` patterns drawn by
+    `default_rng(seed)` as `rng.integers(0, 2, (batch, n))` (1 = flip) and p = (k + 1) / (n_permutations + 1).
+    Returns (p, exact)."""
+    contributions = np.asarray(contributions, dtype=np.float64).reshape(-1)
+    n = contributions.size
+    observed = abs(float(contributions.sum()))
+    threshold = observed - 1e-9 * max(observed, float(np.abs(contributions).sum()), 1e-300)
+    if not np.any(contributions):
+        return 1.0, True
+    if n < 63 and 2 ** n <= n_permutations:
+        flips = (np.arange(2 ** n)[:, None] >> np.arange(n)[None, :]) & 1
+        null = (1 - 2 * flips) @ contributions
+        return float(np.count_nonzero(np.abs(null) >= threshold) / 2 ** n), True
+    rng = np.random.default_rng(seed)
+    batch, count = _batch([contributions], n_permutations), 0
+    for start in range(0, n_permutations, batch):
+        flips = rng.integers(0, 2, (min(batch, n_permutations - start), n), dtype=np.int8)
+        null = contributions.sum() - 2.0 * (flips @ contributions)
+        count += int(np.count_nonzero(np.abs(null) >= threshold))
+    return (count + 1) / (n_permutations + 1), False
+
+
+def interval_estimate(values: Sequence[float], groups: Sequence[str] | None = None, average: str = "micro") -> float:
+    """The point value `interval` reports (micro: mean; macro: mean of the groups' means)."""
+    _, samples = _strata(values, groups)
+    return float(sum(w * s.mean() for w, s in zip(_weights(samples, average), samples)))
+
+
+def compare_items(a: Mapping[str, float], b: Mapping[str, float], groups: Mapping[str, str] | None = None,
+                  **options) -> Comparison:
+    """Pair two {item id: value} mappings by id (in A's order) and test them (`paired_test`'s options); the ids on
+    one side only are named in `only_a` / `only_b`. `groups` maps an id to its stratum (e.g. its language)."""
+    shared = [i for i in a if i in b]
+    only_a = [i for i in a if i not in b]
+    only_b = [i for i in b if i not in a]
+    return paired_test([a[i] for i in shared], [b[i] for i in shared],
+                       [groups[i] for i in shared] if groups is not None else None,
+                       only_a=only_a, only_b=only_b, **options)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How intervals and tests are computed and shown: one object for a report's settings (its flags)."""
+    confidence: float = CONFIDENCE
+    n_resamples: int = N_RESAMPLES
+    n_permutations: int = N_PERMUTATIONS
+    seed: int = SEED
+    method: str = "percentile"
+    style: str = "pm"                 # pm: `56.30 ± 1.20`; brackets: `56.30 [55.10, 57.50]`; none: the value only
+
+    def interval(self, values, groups=None, average="micro") -> Interval:
+        return interval(values, groups, average=average, confidence=self.confidence, n_resamples=self.n_resamples,
+                        seed=self.seed, method=self.method)
+
+    def compare(self, a: dict, b: dict, groups=None, average="micro") -> Comparison:
+        return compare_items(a, b, groups, average=average, confidence=self.confidence,
+                             n_resamples=self.n_resamples, n_permutations=self.n_permutations, seed=self.seed,
+                             method=self.method)
+
+
+# --- seeds -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SeedSpread:
+    mean: float
+    std: float | None           # sample standard deviation (ddof=1); None for one seed
+    n: int
+    values: tuple[float, ...] = field(default=())
+
+    def text(self, digits: int = 2) -> str:
+        spread = "–" if self.std is None else f"{self.std:.{digits}f}"
+        return f"{self.mean:.{digits}f} ± {spread} (n={self.n})"
+
+
+def seed_spread(values: Sequence[float]) -> SeedSpread:
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("no seeds")
+    std = float(np.std(values, ddof=1)) if len(values) > 1 else None
+    return SeedSpread(float(np.mean(values)), std, len(values), tuple(values))
+
+

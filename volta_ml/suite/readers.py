@@ -1,0 +1,365 @@
+"""One reader per benchmark, for the files its authors release (schemas in docs/suite.md). Each returns the items
+of one language (`TaskData`); a file that is not in the schema is one `SuiteDataError` naming file, row and field.
+
+- MaXM (`maxm_v1_<lang>.json` of google-research-datasets/maxm's `maxm_v1_release.zip`): `annotations` ->
+  `image_id`, `qa_pairs` -> `question_id`, `question`, `answers`, `processed_answers`, `is_collection`; the images
+  are XM3600's (`<image_id>.jpg`).
+- XM3600 (`captions.jsonl` of google/crossmodal-3600): one line per image, `image/key`, `image/locale`, and per
+  language `{caption: [...], caption/tokenized: [...], caption/tokenized/lowercase: [...]}`; images
+  `<image/key>.jpg`. XM100: the same file restricted to the image keys listed in `--subset` (PangeaBench's 100).
+- MTVQA (ByteDance/MTVQA parquet, split `test`): `image` (HF Image), `qa_pairs` (a list, or its Python literal, of
+  {question, answer}), `lang`, `id` (optional); one item per question.
+- xMMMU (neulab/PangeaBench-xmmmu parquet, one split per language): MMMU's columns `id`, `question`, `options` (a
+  list literal), `answer` (a letter; an open question's text), `question_type` (`multiple-choice` | `open`),
+  `image_1` ... `image_7`; the images a question shows are its `<image k>` placeholders.
+- M3Exam (DAMO-NLP-SG/M3Exam's release, `multimodal-questions/<language>-questions-image.json` with
+  `images-<language>/`): `question_text`, `background_description`, `options` (with their own labels "(1) ...",
+  "A. ..."), `answer_text` (one of those labels), `level`, `subject_category`, ...; images are written
+  `(image)[<file>]` in the texts.
+- Kaleidoscope (CohereLabs/kaleidoscope parquet, split `train`, with `data.zip`): `language`, `question`,
+  `options` (list), `answer` (0-based index), `image` (a path inside the archive's `final_data/`, or none: a
+  text-only question), `category_en`, ...; an option ending in .png / .jpg is an image option.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from pathlib import Path
+
+from volta_ml.data.annotations import read_json, read_jsonl
+from volta_ml.iglue_hf.data import RetrievalData
+from volta_ml.iglue_hf.images import ImageRef, MissingImagesError
+
+from .data import (Item, SuiteDataError, TaskData, image_bytes, literal_list, parquet_rows, parquet_shards, split_of,
+                   text, texts)
+from .images import FileImages, ParquetImages, ZipImages
+
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+THAI_LABELS = "กขคงจฉ"
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
+
+
+def _file(root: Path, names: list[str], what: str) -> Path:
+    if root.is_file():
+        return root
+    for name in names:
+        if (root / name).is_file():
+            return root / name
+    raise FileNotFoundError(f"{what} not found: none of {', '.join(str(root / n) for n in names)}")
+
+
+def _image_root(opts: dict, default: Path | None, what: str) -> Path:
+    root = opts.get("images") or default
+    if root is None:
+        raise MissingImagesError(f"{what}: give --images (the folder holding the benchmark's image files)")
+    return Path(root)
+
+
+# --- MaXM -----------------------------------------------------------------------------------------------------
+def read_maxm(root: Path, lang: str, opts: dict) -> TaskData:
+    path = _file(root, [f"maxm_v1_{lang}.json"], f"MaXM file of language {lang!r} (maxm_v1_{lang}.json)")
+    data = read_json(path, "MaXM file")
+    if not isinstance(data, dict) or not isinstance(data.get("annotations"), list):
+        raise SuiteDataError(f"{path}: not a MaXM file (a JSON object with an 'annotations' list)")
+    if data.get("split") not in (None, lang):
+        raise SuiteDataError(f"{path}: split is {data['split']!r}, not the language {lang!r} asked for")
+    items = []
+    for a, ann in enumerate(data["annotations"]):
+        where = f"{path}: annotations[{a}]"
+        if not isinstance(ann, dict) or not isinstance(ann.get("qa_pairs"), list):
+            raise SuiteDataError(f"{where}: expected an object with 'image_id' and a 'qa_pairs' list")
+        image_id = text(ann, "image_id", where)
+        for q, pair in enumerate(ann["qa_pairs"]):
+            at = f"{where}.qa_pairs[{q}]"
+            if not isinstance(pair, dict):
+                raise SuiteDataError(f"{at}: expected an object")
+            items.append(Item(id=text(pair, "question_id", at), lang=lang, question=text(pair, "question", at).strip(),
+                              images=(image_id,), references=texts(pair, "answers", at),
+                              meta={"processed_answers": list(texts(pair, "processed_answers", at)),
+                                    "is_collection": pair.get("is_collection")}))
+    store = FileImages(_image_root(opts, None, "MaXM (XM3600's images)"), "{id}.jpg")
+    return TaskData(items, store, [path])
+
+
+# --- XM3600 / XM100 -------------------------------------------------------------------------------------------
+def _xm3600(root: Path, lang: str, opts: dict):
+    path = _file(root, ["captions.jsonl"], "XM3600 captions (captions.jsonl)")
+    found, skipped, langs = [], Counter(), set()
+    for line_no, row in read_jsonl(path, "XM3600 captions"):
+        where = f"{path}:{line_no}"
+        key = text(row, "image/key", where)
+        langs |= {k for k, v in row.items() if isinstance(v, dict)}
+        entry = row.get(lang)
+        if entry is None:
+            skipped[f"no {lang} captions"] += 1
+            continue
+        if not isinstance(entry, dict):
+            raise SuiteDataError(f"{where}: {lang} must be an object with a 'caption' list")
+        found.append((key, texts(entry, "caption", f"{where} {lang}")))
+    if not found:
+        raise SuiteDataError(f"{path}: no captions in language {lang!r} (languages found: {', '.join(sorted(langs))})")
+    if opts.get("subset"):
+        subset = _subset(Path(opts["subset"]), {k for k, _ in found}, path)
+        skipped["not in --subset"] = len(found) - len(subset)
+        found = [(k, c) for k, c in found if k in subset]
+    store = FileImages(_image_root(opts, path.parent / "images", "XM3600"), "{id}.jpg")
+    files = [path] + ([Path(opts["subset"])] if opts.get("subset") else [])
+    return found, store, files, dict(skipped)
+
+
+def _subset(path: Path, known: set[str], captions: Path) -> set[str]:
+    try:
+        keys = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--subset {path}: no such file (one XM3600 image key per line)") from None
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise SuiteDataError(f"--subset {path}: {len(unknown)} image key(s) not in {captions}, e.g. {unknown[0]!r}")
+    if not keys:
+        raise SuiteDataError(f"--subset {path}: no image keys in the file")
+    return set(keys)
+
+
+def read_xm3600(root: Path, lang: str, opts: dict) -> TaskData:
+    found, store, files, skipped = _xm3600(root, lang, opts)
+    return TaskData([Item(id=k, lang=lang, images=(k,), references=caps) for k, caps in found], store, files, skipped)
+
+
+def read_xm100(root: Path, lang: str, opts: dict) -> TaskData:
+    if not opts.get("subset"):
+        raise SuiteDataError("xm100: give --subset, the file of the 100 XM3600 image keys PangeaBench evaluates on "
+                             "(one per line; the image_id column of neulab/PangeaBench-xm100)")
+    return read_xm3600(root, lang, opts)
+
+
+def read_xm3600_retrieval(root: Path, lang: str, opts: dict) -> TaskData:
+    found, store, files, skipped = _xm3600(root, lang, opts)
+    data = RetrievalData(images=[ImageRef(k) for k, _ in found], captions=[])
+    for index, (_, caps) in enumerate(found):
+        data.captions.extend(caps)
+        data.caption_image.extend([index] * len(caps))
+    items = [Item(id=k, lang=lang, images=(k,), references=caps) for k, caps in found]
+    return TaskData(items, store, files, skipped, retrieval=data)
+
+
+# --- MTVQA ----------------------------------------------------------------------------------------------------
+MTVQA_NAMES = {"arabic": "ar", "german": "de", "french": "fr", "italian": "it", "japanese": "ja", "korean": "ko",
+               "russian": "ru", "thai": "th", "vietnamese": "vi"}
+
+
+def read_mtvqa(root: Path, lang: str, opts: dict) -> TaskData:
+    shards = parquet_shards(root, opts.get("split") or "test")
+    items, skipped, langs = [], Counter(), set()
+    for s, shard in enumerate(shards):
+        for row, record in parquet_rows(shard, ["image", "qa_pairs", "lang"]):
+            where = f"{shard} row {row}"
+            raw = text(record, "lang", where).strip()
+            code = MTVQA_NAMES.get(raw.lower(), raw.lower())
+            if code not in MTVQA_NAMES.values():
+                raise SuiteDataError(f"{where}: lang {raw!r} is not one of MTVQA's languages "
+                                     f"({', '.join(MTVQA_NAMES.values())})")
+            langs.add(code)
+            if code != lang:
+                continue
+            if image_bytes(record["image"]) is None:
+                raise SuiteDataError(f"{where}: the image holds no bytes")
+            sample = str(record.get("id") or f"{split_of(shard)}-{row}")
+            for k, pair in enumerate(literal_list(record["qa_pairs"], where, "qa_pairs")):
+                at = f"{where} qa_pairs[{k}]"
+                if not isinstance(pair, dict):
+                    raise SuiteDataError(f"{at}: expected {{'question': ..., 'answer': ...}}, got {pair!r}"[:200])
+                if not str(pair.get("answer") or "").strip():
+                    skipped["empty answer"] += 1
+                    continue
+                items.append(Item(id=f"{sample}_{k}", lang=lang, question=text(pair, "question", at).strip(),
+                                  images=((s, row, "image"),), references=(str(pair["answer"]),)))
+    if not items:
+        raise SuiteDataError(f"{root}: no MTVQA questions in language {lang!r} (languages found: "
+                             f"{', '.join(sorted(langs))})")
+    return TaskData(items, ParquetImages(shards), shards, dict(skipped))
+
+
+# --- xMMMU ----------------------------------------------------------------------------------------------------
+PLACEHOLDER = re.compile(r"<image (\d+)>")
+
+
+def _letter_index(value: str, n: int, where: str) -> int:
+    letter = value.strip()
+    if len(letter) != 1 or letter not in LETTERS[:n]:
+        raise SuiteDataError(f"{where}: answer {value!r} is not one of the option letters {LETTERS[:n]}")
+    return LETTERS.index(letter)
+
+
+def read_xmmmu(root: Path, lang: str, opts: dict) -> TaskData:
+    shards = parquet_shards(root, opts.get("split") or lang)
+    items = []
+    for s, shard in enumerate(shards):
+        for row, record in parquet_rows(shard, ["id", "question", "options", "answer", "question_type"]):
+            where = f"{shard} row {row} (id {record.get('id')!r})"
+            kind = text(record, "question_type", where)
+            question = text(record, "question", where)
+            meta = {"question_type": kind, "subject": "_".join(str(record["id"]).split("_")[1:-1])}
+            if kind == "multiple-choice":
+                options = tuple(str(o) for o in literal_list(record["options"], where, "options"))
+                if len(options) < 2:
+                    raise SuiteDataError(f"{where}: a multiple-choice question needs 2 or more options")
+                golds = literal_list(record["answer"], where, "answer") if str(record["answer"]).startswith("[") \
+                    else [record["answer"]]
+                indices = [_letter_index(str(g), len(options), where) for g in golds]
+                item = Item(id=text(record, "id", where), lang=lang, question=question, options=options,
+                            answer=indices[0], meta=dict(meta, also_correct=indices[1:]))
+            elif kind == "open":
+                item = Item(id=text(record, "id", where), lang=lang, question=question,
+                            references=(text(record, "answer", where),), meta=meta)
+            else:
+                raise SuiteDataError(f"{where}: question_type {kind!r} is neither 'multiple-choice' nor 'open'")
+            shown = list(dict.fromkeys(PLACEHOLDER.findall(question + " " + " ".join(item.options))))
+            keys = []
+            for k in shown:
+                column = f"image_{k}"
+                if image_bytes(record.get(column)) is None:
+                    raise SuiteDataError(f"{where}: the question shows <image {k}> but {column} holds no image")
+                keys.append((s, row, column))
+            item.images = tuple(keys)
+            items.append(item)
+    if not items:
+        raise SuiteDataError(f"{root}: no xMMMU questions in split {lang!r}")
+    return TaskData(items, ParquetImages(shards), shards)
+
+
+# --- M3Exam ---------------------------------------------------------------------------------------------------
+M3EXAM_NAMES = {"en": "english", "zh": "chinese", "af": "afrikaans", "it": "italian", "pt": "portuguese",
+                "th": "thai", "vi": "vietnamese"}
+M3EXAM_IMAGE = re.compile(r"\(image\)\[([^\]]+)\]")
+OPTION_LABEL = re.compile(r"^\s*(?:[\(（]\s*([^\s()（）]{1,3})\s*[\)）]|([A-Za-z0-9]{1,2}|[\u0E01-\u0E2E])\s*[\.．、:：\)）])\s*")
+
+
+def split_option(option: str) -> tuple[str | None, str]:
+    """`"(2) firing on Fort Sumter"` -> ("2", "firing on Fort Sumter"); an option without a label -> (None, it)."""
+    match = OPTION_LABEL.match(option)
+    if not match:
+        return None, option.strip()
+    return (match.group(1) or match.group(2)), option[match.end():].strip()
+
+
+def m3exam_gold(answer: str, labels: list[str | None], where: str) -> int:
+    """The option `answer_text` names: the option carrying that label, else its position as a letter, a number
+    or a Thai label (ก ข ค ง จ)."""
+    answer = unicodedata.normalize("NFKC", answer).strip().strip("()（）.")
+    for same in (lambda a, b: a == b, lambda a, b: a.lower() == b.lower()):
+        hits = [i for i, label in enumerate(labels) if label is not None and same(unicodedata.normalize("NFKC", label),
+                                                                                  answer)]
+        if len(hits) == 1:
+            return hits[0]
+    n = len(labels)
+    for alphabet in (LETTERS, THAI_LABELS):
+        if len(answer) == 1 and answer in alphabet[:n]:
+            return alphabet.index(answer)
+    if answer.isdigit() and 1 <= int(answer) <= n:
+        return int(answer) - 1
+    raise SuiteDataError(f"{where}: answer_text {answer!r} names none of the {n} options (labels {labels})")
+
+
+def read_m3exam(root: Path, lang: str, opts: dict) -> TaskData:
+    name = M3EXAM_NAMES[lang]
+    file = f"{name}-questions-image.json"
+    path = _file(root, [file, f"multimodal-questions/{file}", f"data/multimodal-questions/{file}"],
+                 f"M3Exam multimodal questions of {name} ({file})")
+    questions = read_json(path, "M3Exam file")
+    if not isinstance(questions, list):
+        raise SuiteDataError(f"{path}: not an M3Exam file (a JSON list of questions)")
+    default = next((path.parent / f"{p}-{name}" for p in ("images", "iamges") if (path.parent / f"{p}-{name}").is_dir()),
+                   path.parent / f"images-{name}")
+    items = []
+    for i, q in enumerate(questions):
+        where = f"{path}: question {i}"
+        if not isinstance(q, dict):
+            raise SuiteDataError(f"{where}: expected an object")
+        background = q.get("background_description") or []
+        if not isinstance(background, list) or not all(isinstance(b, str) for b in background):
+            raise SuiteDataError(f"{where}: background_description must be a list of strings")
+        labels, bodies = zip(*(split_option(o) for o in texts(q, "options", where)))
+        gold = m3exam_gold(text(q, "answer_text", where), list(labels), where)
+        files: list[str] = []
+
+        def mark(s: str) -> str:
+            def sub(match):
+                files.append(match.group(1).strip())
+                return f"<image {list(dict.fromkeys(files)).index(match.group(1).strip()) + 1}>"
+            return M3EXAM_IMAGE.sub(sub, s)
+        background_text = "\n".join(mark(b) for b in background)
+        question = mark(text(q, "question_text", where))
+        options = tuple(mark(b) for b in bodies)
+        items.append(Item(id=str(q.get("id") or f"{name}-{i}"), lang=lang, question=question, options=options,
+                          answer=gold, images=tuple(dict.fromkeys(files)),
+                          meta={"background": background_text, "subject_category": q.get("subject_category"),
+                                "level": q.get("level"), "answer_text": q.get("answer_text")}))
+    if not items:
+        raise SuiteDataError(f"{path}: no questions")
+    store = FileImages(_image_root(opts, default, "M3Exam"), "{file}")
+    return TaskData(items, store, [path])
+
+
+# --- Kaleidoscope ---------------------------------------------------------------------------------------------
+def _kaleidoscope_store(root: Path, opts: dict):
+    given = Path(opts["images"]) if opts.get("images") else None
+    base = root if root.is_dir() else root.parent
+    for candidate in ([given] if given else [base / "final_data", base / "data.zip", base]):
+        if candidate.is_file() and candidate.suffix == ".zip":
+            store = ZipImages(candidate)
+            names = store._open().namelist()
+            store.prefix = "final_data/" if any(n.startswith("final_data/") for n in names) else ""
+            return store
+        if candidate.is_dir() and (given or (candidate / "data").is_dir()):
+            return FileImages(candidate, "{file}")
+    return None
+
+
+def _kaleidoscope(root: Path, lang: str, opts: dict, multimodal_only: bool) -> TaskData:
+    shards = parquet_shards(root, opts.get("split") or "train")
+    items, langs, skipped = [], set(), Counter()
+    for s, shard in enumerate(shards):
+        for row, record in parquet_rows(shard, ["language", "question", "options", "answer", "image"]):
+            where = f"{shard} row {row}"
+            code = text(record, "language", where).strip()
+            langs.add(code)
+            if code != lang:
+                continue
+            options = [str(o) for o in literal_list(record["options"], where, "options")]
+            answer = record["answer"]
+            if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < len(options):
+                raise SuiteDataError(f"{where}: answer must be an option index 0-{len(options) - 1}, got {answer!r}")
+            image = record.get("image")
+            image = None if image in (None, "", "None") else str(image)
+            if multimodal_only and image is None:
+                skipped["text-only question"] += 1
+                continue
+            keys = [image] if image else []
+            shown = []
+            for option in options:
+                if option.lower().endswith(IMAGE_SUFFIXES):
+                    keys.append(option)
+                    shown.append(f"<image {len(keys)}>")
+                else:
+                    shown.append(option)
+            items.append(Item(id=str(record.get("id") or f"{split_of(shard)}-{row}"), lang=lang,
+                              question=text(record, "question", where), options=tuple(shown), answer=answer,
+                              images=tuple(keys), meta={k: record.get(k) for k in ("category_en", "level",
+                                                                                   "image_type", "country")}))
+    if not items:
+        raise SuiteDataError(f"{root}: no Kaleidoscope questions in language {lang!r} (languages found: "
+                             f"{', '.join(sorted(langs))})")
+    store = _kaleidoscope_store(root, opts)
+    if store is None and any(item.images for item in items):
+        raise MissingImagesError(f"{root}: Kaleidoscope's images are not here: give --images (the extracted "
+                                 "final_data/ folder holding data/..., or the release's data.zip)")
+    return TaskData(items, store, shards, dict(skipped))
+
+
+def read_kaleidoscope(root: Path, lang: str, opts: dict) -> TaskData:
+    return _kaleidoscope(root, lang, opts, multimodal_only=False)
+
+
+def read_kaleidoscope_multimodal(root: Path, lang: str, opts: dict) -> TaskData:
+    return _kaleidoscope(root, lang, opts, multimodal_only=True)
