@@ -4,12 +4,15 @@ torch / transformers and join the process group once, then train each run in tur
 
     python -m torch.distributed.run --nproc_per_node 2 tests/helpers_fsdp_train.py RUNS.json
 
-RUNS.json: a list of argv lists (train_task.py flags). A run that fails fails the launch (its traceback on stderr).
+RUNS.json: a list of runs, each an argv list (train_task.py flags) or {"argv": [...], "after": FILE}: started once
+FILE exists (another process's work it needs, e.g. a killed run to resume; at most 10 minutes). A run that fails
+fails the launch (its traceback on stderr).
 """
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,7 +26,11 @@ def main(path: str) -> int:
     from volta_ml.engine.train import train
     info = init_distributed()
     setup_logging(info)
-    for argv in json.loads(Path(path).read_text()):
+    for run in json.loads(Path(path).read_text()):
+        argv = run["argv"] if isinstance(run, dict) else run
+        deadline = time.time() + 600
+        while isinstance(run, dict) and not Path(run["after"]).exists() and time.time() < deadline:
+            time.sleep(0.2)
         args = parse_train_args(argv)
         seed_everything(args.seed)
         best = train(build_task_job(args, info), args, info)

@@ -68,67 +68,82 @@ def _argv(inputs, kind: str, out, *extra):
                    "--logdir", str(out / "logs"), *extra]
 
 
-def _kill_rank_one(argv, cwd, outcome: dict) -> None:
+def _kill_rank_one(argv, cwd, port: int, outcome: dict) -> None:
     """A 2-process FSDP run launched as Slurm launches it (one process per rank); rank 1 is SIGKILLed once two
-    optimizer steps are saved, mid-step (each training forward sleeps 0.3 s). Records rank 0's end."""
+    optimizer steps are saved, mid-step (each training forward sleeps 0.3 s). Records rank 0's end, then writes
+    `<cwd>/ended` (the resume waits for it)."""
     env = train_env(SLURM_NTASKS="2", SLURM_JOB_ID="4344", SLURM_JOB_NODELIST="localhost",
-                    MASTER_PORT=str(free_port()), HF_TRAIN_SLEEP="0.3")
+                    MASTER_PORT=str(port), HF_TRAIN_SLEEP="0.3")
     procs = [subprocess.Popen([sys.executable, ENTRY, *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r))) for r in (0, 1)]
     latest = cwd / "save" / RUN["lora"] / "pytorch_ckpt_latest.tar"
     deadline = time.time() + 240
     step = 0
-    while time.time() < deadline and procs[1].poll() is None:
-        try:
-            step = torch.load(latest, weights_only=True)["global_step"] if latest.exists() else 0
-        except Exception:  # noqa: BLE001 - replaced while read
-            step = 0
-        if step >= 2:
-            break
-        time.sleep(0.05)
-    procs[1].send_signal(signal.SIGKILL)
-    killed = time.time()
     try:
-        _, err = procs[0].communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        procs[0].kill()
-        _, err = procs[0].communicate()
-    outcome.update(step=step, killed=killed, ended=time.time(), code=procs[0].returncode, err=err,
-                   code1=procs[1].wait())
+        while time.time() < deadline and procs[1].poll() is None:
+            try:
+                step = torch.load(latest, weights_only=True)["global_step"] if latest.exists() else 0
+            except Exception:  # noqa: BLE001 - replaced while read
+                step = 0
+            if step >= 2:
+                break
+            time.sleep(0.05)
+        procs[1].send_signal(signal.SIGKILL)
+        killed = time.time()
+        try:
+            _, err = procs[0].communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            procs[0].kill()
+            _, err = procs[0].communicate()
+        outcome.update(step=step, killed=killed, ended=time.time(), code=procs[0].returncode, err=err,
+                       code1=procs[1].wait())
+    finally:
+        (cwd / "ended").write_text("")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, inputs):
+    """Everything at once where it can overlap: the Slurm-style run to kill (a thread), the references in this
+    process, and the torchrun launch, whose last run (the killed one resumed) waits for the kill."""
     d = {name: tmp_path_factory.mktemp(name) for name in
          ("lora_one", "full_one", "clip_one", "lora", "full", "clip", "lora_ddp", "full_ddp", "clip_ddp", "killed",
           "partial", "options")}
     killed: dict = {}
+    ports = [free_port()]
+    while len(ports) < 2:
+        ports += [p for p in [free_port()] if p not in ports]
     killer = threading.Thread(target=_kill_rank_one, args=(_argv(inputs, "lora", d["killed"], *FSDP), d["killed"],
-                                                           killed))
+                                                           ports[0], killed))
     killer.start()
-    for kind in ("lora", "full", "clip"):
-        assert in_process(_argv(inputs, kind, d[f"{kind}_one"])) == 0
-    killer.join()
     resume = str(d["killed"] / "save" / RUN["lora"] / "pytorch_ckpt_latest.tar")
     launch = [_argv(inputs, kind, d[kind], *FSDP) for kind in ("lora", "full", "clip")]
     launch += [_argv(inputs, kind, d[f"{kind}_ddp"]) for kind in ("lora", "full", "clip")]
-    launch += [_argv(inputs, "lora", d["killed"], *FSDP, "--resume_file", resume),
-               _argv(inputs, "lora", d["partial"], *FSDP, "--num_epoch", "1"),
+    launch += [_argv(inputs, "lora", d["partial"], *FSDP, "--num_epoch", "1"),
                _argv(inputs, "lora", d["options"], *FSDP, "--amp", "bf16", "--hf_dtype", "bf16", "--fsdp_offload",
                      "--gradient_checkpointing", "--train_projector", "--num_epoch", "2", "--batch_size", "8",
-                     "--gradient_accumulation_steps", "1")]
+                     "--gradient_accumulation_steps", "1"),
+               {"argv": _argv(inputs, "lora", d["killed"], *FSDP, "--resume_file", resume),
+                "after": str(d["killed"] / "ended")}]
     (d["lora"] / "runs.json").write_text(json.dumps(launch))
-    for _attempt in range(3):
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                               str(free_port()), MULTI, str(d["lora"] / "runs.json")], cwd=d["lora"],
-                              env=train_env(), capture_output=True, text=True, timeout=600)
-        if "Address already in use" not in proc.stderr:
-            break
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    def torchrun(port):
+        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                 "--master_port", str(port), MULTI, str(d["lora"] / "runs.json")], cwd=d["lora"],
+                                env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launched = torchrun(ports[1])
+    try:
+        for kind in ("lora", "full", "clip"):
+            assert in_process(_argv(inputs, kind, d[f"{kind}_one"])) == 0
+    finally:
+        killer.join()
+        _, log = launched.communicate(timeout=900)
+    if launched.returncode != 0 and "Address already in use" in log:   # the port was taken meanwhile: once more
+        launched = torchrun(free_port())
+        _, log = launched.communicate(timeout=900)
+    assert launched.returncode == 0, log[-4000:]
     partial = d["partial"] / "save" / RUN["lora"] / "pytorch_ckpt_latest.tar"
     killed["partial_state"] = torch.load(partial, weights_only=True)      # as 2 processes left it
     assert in_process(_argv(inputs, "lora", d["partial"], *FSDP, "--resume_file", str(partial))) == 0
-    return d, killed, proc.stderr
+    return d, killed, log
 
 
 def _weights(out, kind, name):
@@ -284,10 +299,12 @@ def test_full_export_scores_its_validation_score_in_iglue_hf(runs, inputs, tmp_p
     (["--train_parts", "vision,eyes"], "unknown part 'eyes'"),
     (["--part_lr", "vision=1e-5"], "the vision part is not trained"),
     (["--finetune", "full", "--hf_adapter", "x"], "--hf_adapter: an adapter is trained with --finetune lora"),
+    (["dual", "--train_parts", "vision"], "--train_parts: generative models only"),
 ])
 def test_bad_combinations_are_one_line_with_exit_2(tmp_path, inputs, capsys, extra, expected):
     from volta_ml.cli import main
-    code = main(["train", *_argv(inputs, "lora", tmp_path, *extra)])
+    kind = "clip" if "dual" in extra else "lora"
+    code = main(["train", *_argv(inputs, kind, tmp_path, *[e for e in extra if e != "dual"])])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("volta-ml train: error: ") and expected in err[-1], err[-3:]
 

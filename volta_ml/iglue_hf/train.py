@@ -298,6 +298,10 @@ def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
     if args.hf_dtype != "fp32":
         raise UsageError(f"--hf_dtype {args.hf_dtype}: a dual encoder trains all its weights, kept in fp32 "
                          "(use --amp bf16 for bf16 compute)")
+    if args.train_parts or args.part_lr:
+        raise UsageError(f"{'--train_parts' if args.train_parts else '--part_lr'}: generative models only (a dual "
+                         f"encoder trains both towers; M-CLIP its text tower, and with --hf_train_image_tower its "
+                         f"image tower)")
     task_id, entry = retrieval_entry(args)
     task_key = TRAINABLE[task_id.removeprefix("TASK")]
     source = image_source(args, DEFAULT_TEMPLATES[task_key])
