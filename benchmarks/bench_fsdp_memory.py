@@ -49,7 +49,8 @@ QWEN25_VL = {
                            num_key_value_heads=8, vocab_size=152064),
 }
 QWEN25_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14,
-                     spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31])
+                     spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                     fullatt_block_indexes=[7, 15, 23, 31])
 LORA_R, LORA_TARGETS = 16, ("q_proj", "v_proj")
 GIB = 2 ** 30
 

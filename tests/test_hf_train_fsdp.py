@@ -120,8 +120,8 @@ def runs(tmp_path_factory, inputs):
     launch += [_argv(inputs, kind, d[f"{kind}_ddp"]) for kind in ("lora", "full", "clip")]
     launch += [_argv(inputs, "lora", d["partial"], *FSDP, "--num_epoch", "1"),
                _argv(inputs, "lora", d["options"], *FSDP, "--amp", "bf16", "--hf_dtype", "bf16", "--fsdp_offload",
-                     "--gradient_checkpointing", "--train_projector", "--num_epoch", "2", "--batch_size", "8",
-                     "--gradient_accumulation_steps", "1"),
+                     "--gradient_checkpointing", "--train_projector", "--part_lr", "projector=5e-3", "--num_epoch",
+                     "2", "--batch_size", "8", "--gradient_accumulation_steps", "1"),
                {"argv": _argv(inputs, "lora", d["killed"], *FSDP, "--resume_file", resume),
                 "after": str(d["killed"] / "ended")}]
     (d["lora"] / "runs.json").write_text(json.dumps(launch))
@@ -152,8 +152,8 @@ def _weights(out, kind, name):
 
 def _validation(out, kind):
     text = (out / "save" / RUN[kind] / "out.txt").read_text()
-    return [(float(loss), float(score)) for loss, score in re.findall(r"Validation \[\w+\]: loss ([\d.]+) score ([\d.]+)",
-                                                                      text)]
+    found = re.findall(r"Validation \[\w+\]: loss ([\d.]+) score ([\d.]+)", text)
+    return [(float(loss), float(score)) for loss, score in found]
 
 
 def _worst(a: dict, b: dict) -> float:
@@ -214,7 +214,7 @@ def test_a_state_saved_by_two_ranks_resumes_on_one(runs):
     assert len(_validation(d["partial"], "lora")) == 3, text
 
 
-def test_mixed_precision_offload_and_checkpointing_train(runs):
+def test_mixed_precision_offload_checkpointing_and_a_part_learning_rate(runs):
     d, _, log = runs
     assert "bf16 parameters, fp32 gradient reduction, parameters, gradients and optimizer state offloaded" in log
     validation = _validation(d["options"], "lora")
@@ -224,6 +224,10 @@ def test_mixed_precision_offload_and_checkpointing_train(runs):
     assert any(".merger.modules_to_save." in k for k in saved)                   # the projector trained
     adapter = json.loads((d["options"] / "save" / RUN["lora"] / "hf_best" / "adapter_config.json").read_text())
     assert adapter["modules_to_save"] == ["model.visual.merger"]
+    state = torch.load(d["options"] / "save" / RUN["lora"] / "pytorch_ckpt_latest.tar", weights_only=True)
+    groups = state["sharded"]["param_groups"]    # per part and decay rule: LoRA at --lr, the projector at its own
+    assert sorted({g["initial_lr"] for g in groups}) == [5e-3, 2e-2] and len(groups) == 3   # LoRA: no biases
+    assert "projector lr 0.005" in log
 
 
 # --- the exports, read by plain transformers / peft -----------------------------------------------------------
