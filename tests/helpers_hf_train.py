@@ -8,12 +8,21 @@ model learns to match them within a few dozen steps (30 pairs of distinct colour
     python tests/helpers_hf_train.py <train_task.py flags>
 
 runs `volta-ml train` unchanged, except that `HF_TRAIN_SLEEP` (seconds, env) slows each training forward,
-so a kill test can hit the middle of a run. Nothing in volta-ml is changed: the job builder is wrapped here.
+so a kill test can hit the middle of a run, and the faults of the `hf_best/` export tests
+(tests/test_hf_train_faults.py):
+- `HF_TRAIN_RISING=1`: the validation of epoch e scores (e + 1) / (e + 2), so every epoch exports a new best;
+- `HF_EXPORT_FAULT=<kind>:<n>`, at the n-th export of this process: `full` (the disk is full when the export
+  starts: filled up to ENOSPC but `HF_FULL_DISK_LEAVE` bytes when `HF_FULL_DISK=tmpfs`, the output folder being a
+  tiny tmpfs, else a file size limit of 0, EFBIG), `kill_swap` (a file system without an atomic exchange, as
+  NFS: SIGKILL between the two renames of the swap).
+Nothing in volta-ml is changed: the job builder is wrapped here.
 """
 from __future__ import annotations
 
 import json
 import os
+import resource
+import signal
 import sys
 import time
 from pathlib import Path
@@ -98,16 +107,71 @@ def in_process(argv) -> int:
         torch.set_num_threads(threads)
 
 
+def _fill_disk(folder) -> None:
+    """No space left where `folder` is (but `HF_FULL_DISK_LEAVE` bytes): a tmpfs filled up, or no file may grow."""
+    if os.environ.get("HF_FULL_DISK") == "tmpfs":
+        with open(os.path.join(folder, "filler"), "wb", buffering=0) as handle:
+            try:
+                while True:
+                    handle.write(b"\0" * 4096)
+            except OSError:
+                pass
+            handle.truncate(max(0, handle.tell() - int(os.environ.get("HF_FULL_DISK_LEAVE", "0"))))
+    else:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def _kill_between_renames() -> None:
+    import volta_ml.atomic as atomic
+    rename = os.rename
+
+    def rename_then_die(src, dst, *args, **kwargs):
+        rename(src, dst, *args, **kwargs)
+        if str(dst).endswith(".old"):
+            os.kill(os.getpid(), signal.SIGKILL)
+    atomic._exchange = lambda a, b: False
+    atomic.os.rename = rename_then_die
+
+
+def _faulty_export(export, run_dir):
+    kind, at = os.environ["HF_EXPORT_FAULT"].split(":")
+    calls = [0]
+
+    def wrapped(model, best):
+        calls[0] += 1
+        if calls[0] == int(at):
+            if kind == "full":
+                _fill_disk(run_dir)
+            elif kind == "kill_swap":
+                _kill_between_renames()
+        return export(model, best)
+    return wrapped
+
+
 def _slow(build):
     def wrapped(args, info):
         job = build(args, info)
         delay, forward = float(os.environ.get("HF_TRAIN_SLEEP", "0")), job.forward_and_loss
+        rising, epoch = os.environ.get("HF_TRAIN_RISING") == "1", [0]
 
         def slow_forward(model, batch, task_id):
             if model.training:
                 time.sleep(delay)
-            return forward(model, batch, task_id)
+            loss, score, n, logits = forward(model, batch, task_id)
+            if rising and not model.training:      # epoch e validates at (e + 1) / (e + 2), resumed or not
+                score = n * (epoch[0] + 1) / (epoch[0] + 2)
+            return loss, score, n, logits
         job.forward_and_loss = slow_forward
+        set_epoch = getattr(job.train_dataset, "set_epoch", None)
+
+        def record_epoch(e):
+            epoch[0] = e
+            if set_epoch is not None:
+                set_epoch(e)
+        job.train_dataset.set_epoch = record_epoch
+        if os.environ.get("HF_EXPORT_FAULT"):
+            job.on_best_saved = _faulty_export(job.on_best_saved, job.run_dir)
         return job
     return wrapped
 

@@ -7,14 +7,21 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import zipfile
 import zlib
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from helpers_fake_backends import FakeGenerative
+
+
+# the cider rules run pycocoevalcap's PTBTokenizer, a Java program (cider-pyptb does not)
+needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap's PTBTokenizer is a Java program "
+                                                                      "and no java is on PATH")
 
 
 def picture(seed_text: str, size: tuple[int, int] | None = None) -> Image.Image:

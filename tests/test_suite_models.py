@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from helpers_hf import build, spec_extra
-from helpers_suite import build_suite
+from helpers_suite import build_suite, needs_java
 from helpers_vlm_families import build_family, shared_root
 from test_suite import data_of, reference
 from volta_ml.hf import ModelSpec, load_backend
@@ -41,7 +41,7 @@ def loaded(world):
 
 @pytest.mark.parametrize("name,task,lang,rule,from_folder", [
     ("llava", "m3exam", "th", "letter", True),           # 5 options: letters A-E; the model loaded by the run
-    ("llava", "xm3600", "zh", "cider", False),           # greedy captions, CIDEr on characters
+    pytest.param("llava", "xm3600", "zh", "cider", False, marks=needs_java),   # greedy captions, CIDEr on characters
     ("llava", "kaleidoscope", "uk", "generate", False),  # a text-only question among photos, image options stacked
     ("blip2-t5", "maxm", "en", "exact", False),          # no chat template: the fallback prompt; BLIP-2's VQA frame
 ])

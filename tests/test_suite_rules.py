@@ -3,12 +3,15 @@ normalisations and parsers (the cases where the harnesses disagree side by side)
 pycocoevalcap scorer called directly on hand-tokenised text."""
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import pytest
 
+from helpers_suite import needs_java
 from volta_ml.suite import rules
 from volta_ml.suite.data import Item
-from volta_ml.suite.text import caption_tokens, normalise_answer, ptb_tokens
+from volta_ml.suite.text import normalise_answer, prepare
 
 
 def maxm_item(answers, processed, lang="en"):
@@ -147,54 +150,70 @@ def test_letter_rule_reads_only_the_question_s_own_letters():
     assert [(j.prediction, j.score) for j in judged] == [("B", 1.0), ("E", 1.0)]
 
 
-def test_ptb_tokens():
-    assert ptb_tokens("A man's bicycle, leaning (against) a wall. Don't!") == \
-        ["a", "man", "'s", "bicycle", "leaning", "against", "a", "wall", "do", "n't"]
+def test_word_segmentation_is_spacy_s():
+    """zh: spaCy's char segmenter (every character a word, Latin letters and digits too, whitespace left out);
+    ja: SudachiPy in split mode A (spaCy's default: compounds split) with its core dictionary, surface forms;
+    th: PyThaiNLP's word_tokenize as spaCy calls it, its words (whitespace ones too) joined by spaces; then NFC."""
+    from pythainlp.tokenize import word_tokenize
+
+    sudachipy = pytest.importorskip("sudachipy", reason="Japanese segmentation needs sudachipy (the test extra)")
+    assert prepare("一辆红色的T恤, 2个人\u3000在公园。", "zh") == "一 辆 红 色 的 T 恤 , 2 个 人 在 公 园 。"
+    assert prepare("一辆红色的汽车。", "zh", segment=False) == "一辆红色的汽车。"
+    japanese = "国家公務員の男性が選挙管理委員会の前に立っている。 Ｔシャツ…"
+    with pytest.warns(DeprecationWarning) if hasattr(sudachipy.Dictionary, "tokenizer") else nullcontext():
+        morphemes = sudachipy.Dictionary().create(mode=sudachipy.SplitMode.A).tokenize(japanese)   # spaCy's call
+    plain = [m.surface() for m in morphemes if m.surface().strip()]
+    assert prepare(japanese, "ja").split(" ") == plain
+    assert plain[:4] == ["国家", "公務", "員", "の"] and "選挙" in plain and "委員会" not in plain
+    thai = "รถยนต์สีแดง  จอดอยู่หน้าบ้าน 2 คัน"
+    assert prepare(thai, "th") == " ".join(word_tokenize(thai)) == "รถยนต์ สีแดง    จอด อยู่ หน้าบ้าน   2   คัน"
+    decomposed = "cafe\u0301"
+    assert prepare(decomposed, "en") == "caf\u00e9" and prepare("ท\u0e35\u0e48", "th") == "ท\u0e35\u0e48"
 
 
-def test_word_segmentation_of_zh_ja_th():
-    assert caption_tokens("一辆红色的汽车。", "zh") == ["一", "辆", "红", "色", "的", "汽", "车"]
-    assert caption_tokens("一辆红色的汽车。", "zh", segment=False) == ["一辆红色的汽车"]
-    assert caption_tokens("รถยนต์สีแดงจอดอยู่หน้าบ้าน", "th") == ["รถยนต์", "สีแดง", "จอด", "อยู่", "หน้าบ้าน"]
-    assert caption_tokens("家の前に赤い車が止まっている。", "ja") == ["家", "の", "前", "に", "赤い車", "が", "止まっ", "て",
-                                                                 "いる"]
+CIDER_CASES = {   # language -> references, answers, and the same tokenised by hand as the jar tokenises them
+    "en": ([["A red car parked in front of a house.", "a small red car on the street"],
+            ["Two dogs (a puppy) are playing on the grass.", "Dogs running in a park."], ["A plate of rice."]],
+           ["A red car in front of the house.", "two dogs playing", ""],
+           [["a red car parked in front of a house", "a small red car on the street"],
+            ["two dogs -lrb- a puppy -rrb- are playing on the grass", "dogs running in a park"], ["a plate of rice"]],
+           ["a red car in front of the house", "two dogs playing", ""]),
+    "zh": ([["一辆红色的汽车。", "红色小汽车"], ["两只狗在玩。"]], ["红色的汽车", "狗在玩耍"],
+           [["一 辆 红 色 的 汽 车 。", "红 色 小 汽 车"], ["两 只 狗 在 玩 。"]], ["红 色 的 汽 车", "狗 在 玩 耍"]),
+    "th": ([["รถยนต์สีแดงจอดอยู่หน้าบ้าน"], ["รถสีแดงคันเล็กบนถนน"]], ["รถยนต์สีแดง", "รถคันเล็ก"],
+           [["รถยนต์ สีแดง จอด อยู่ หน้าบ้าน"], ["รถ สีแดง คัน เล็ก บน ถนน"]], ["รถยนต์ สีแดง", "รถ คัน เล็ก"]),
+    "ja": ([["家の前に赤い車が止まっている。"], ["通りの小さな赤い車"]], ["赤い車が家の前にある。", "小さな赤い車"],
+           [["家 の 前 に 赤い 車 が 止まっ て いる 。"], ["通り の 小さな 赤い 車"]],
+           ["赤い 車 が 家 の 前 に ある 。", "小さな 赤い 車"]),
+}
 
 
-def test_cider_equals_the_scorer_on_hand_tokenised_text():
-    """pycocoevalcap's Cider called directly on captions tokenised by hand give the rule's per-item and corpus
-    scores, for a language with word boundaries, one segmented by characters, and Thai / Japanese words."""
+@pytest.mark.parametrize("rule", [pytest.param("cider", marks=needs_java), "cider-pyptb"])
+def test_cider_equals_the_scorer_on_hand_tokenised_text(rule):
+    """pycocoevalcap's Cider called directly on captions tokenised by hand (Chinese characters, Japanese and Thai
+    words, the jar's "。" and -lrb- tokens) gives the rule's per-item and corpus scores."""
     from pycocoevalcap.cider.cider import Cider
 
-    cases = {
-        "en": ([["A red car parked in front of a house.", "a small red car on the street"],
-                ["Two dogs are playing on the grass.", "Dogs running in a park."],
-                ["A plate of rice."]],
-               ["A red car in front of the house.", "two dogs playing", ""],
-               [["a red car parked in front of a house", "a small red car on the street"],
-                ["two dogs are playing on the grass", "dogs running in a park"], ["a plate of rice"]],
-               ["a red car in front of the house", "two dogs playing", ""]),
-        "zh": ([["一辆红色的汽车。", "红色小汽车"], ["两只狗在玩。"]], ["红色的汽车", "狗在玩耍"],
-               [["一 辆 红 色 的 汽 车", "红 色 小 汽 车"], ["两 只 狗 在 玩"]], ["红 色 的 汽 车", "狗 在 玩 耍"]),
-        "th": ([["รถยนต์สีแดงจอดอยู่หน้าบ้าน"], ["รถสีแดงคันเล็กบนถนน"]], ["รถยนต์สีแดง", "รถคันเล็ก"],
-               [["รถยนต์ สีแดง จอด อยู่ หน้าบ้าน"], ["รถ สีแดง คัน เล็ก บน ถนน"]], ["รถยนต์ สีแดง", "รถ คัน เล็ก"]),
-        "ja": ([["家の前に赤い車が止まっている。"], ["通りの小さな赤い車"]], ["赤い車が家の前にある。", "小さな赤い車"],
-               [["家 の 前 に 赤い車 が 止まっ て いる"], ["通り の 小さ な 赤い車"]],
-               ["赤い車 が 家 の 前 に ある", "小さな 赤い車"]),
-    }
-    for lang, (references, answers, hand_refs, hand_answers) in cases.items():
-        items = [Item(id=str(i), lang=lang, references=tuple(r)) for i, r in enumerate(references)]
-        judged = rules.CIDER_RULES["cider"].judge({"answers": np.array(answers)}, items, {})
-        corpus, per_item = Cider().compute_score({i: r for i, r in enumerate(hand_refs)},
-                                                 {i: [a] for i, a in enumerate(hand_answers)})
-        assert [j.score for j in judged] == pytest.approx(list(per_item)), lang
-        assert np.mean([j.score for j in judged]) == pytest.approx(corpus), lang
-        assert corpus > 0, lang
+    pytest.importorskip("sudachipy", reason="Japanese segmentation needs sudachipy (the test extra)")
+    items, answers, hand_refs, hand_answers = [], [], [], []
+    for lang, (references, answer, refs_by_hand, answer_by_hand) in CIDER_CASES.items():
+        items += [Item(id=f"{lang}{i}", lang=lang, references=tuple(r)) for i, r in enumerate(references)]
+        answers, hand_refs, hand_answers = answers + answer, hand_refs + refs_by_hand, hand_answers + answer_by_hand
+    judged = rules.CIDER_RULES[rule].judge({"answers": np.array(answers)}, items, {})
+    corpus, per_item = Cider().compute_score({i: r for i, r in enumerate(hand_refs)},
+                                             {i: [a] for i, a in enumerate(hand_answers)})
+    assert [j.prediction for j in judged] == hand_answers
+    assert [j.score for j in judged] == pytest.approx(list(per_item))
+    assert np.mean([j.score for j in judged]) == pytest.approx(corpus) and corpus > 0
 
 
+@needs_java
 def test_cider_without_segmentation_sees_one_word_per_chinese_sentence():
-    """PangeaBench's xm100 joins its segmented words back without spaces: a Chinese caption is one token."""
+    """PangeaBench's xm100 joins its segmented words back without spaces: a Chinese caption is one token (with
+    the jar's 。 token)."""
     items = [Item(id="0", lang="zh", references=("一辆红色的汽车。",)), Item(id="1", lang="zh", references=("两只狗。",))]
     arrays = {"answers": np.array(["红色的汽车", "两只狗"])}
     segmented = rules.CIDER_RULES["cider"].judge(arrays, items, {})
     whole = rules.CIDER_RULES["cider-nosegment"].judge(arrays, items, {})
     assert segmented[0].score > 0 and whole[0].score == 0 and whole[1].score > 0
+    assert [j.prediction for j in whole] == ["红色的汽车", "两只狗"]

@@ -86,3 +86,47 @@ def test_model_bin_has_unwrapped_keys(tmp_path):
     wrapped = nn.DataParallel(nn.Linear(3, 2))
     ckpt.save_model_bin(wrapped, tmp_path / "pytorch_model_0.bin")
     assert set(torch.load(tmp_path / "pytorch_model_0.bin", weights_only=True)) == {"weight", "bias"}
+
+
+FULL_DISK_SAVE = textwrap.dedent("""
+    import os, resource, signal, sys, torch
+    from volta_ml.engine import checkpointing as ckpt
+    folder, how = sys.argv[1], sys.argv[2]
+    ckpt.atomic_torch_save({"w": torch.ones(3)}, os.path.join(folder, "pytorch_model_best.bin"))
+    if how == "tmpfs":       # the disk full but 20 kB
+        with open(os.path.join(folder, "filler"), "wb", buffering=0) as handle:
+            try:
+                while True:
+                    handle.write(bytes(4096))
+            except OSError:
+                handle.truncate(handle.tell() - 20000)
+    else:                    # no file may grow past 20 kB (EFBIG)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    try:
+        ckpt.atomic_torch_save({"w": torch.zeros(100000)}, os.path.join(folder, "pytorch_model_best.bin"))
+    except OSError as error:           # what the CLI's error boundary turns into exit 4 and this line
+        from volta_ml.engine.failures import describe
+        kept = torch.load(os.path.join(folder, "pytorch_model_best.bin"), weights_only=True)["w"].tolist()
+        print(*describe(error), kept, sep="|")
+""")
+
+
+def test_full_disk_inside_torch_save_is_a_write_error_naming_the_file(tmp_path):
+    """torch's zip writer turns the OSError of a write into a RuntimeError ('PytorchStreamWriter failed ...',
+    'unexpected pos ...'); the save is still a disk error naming the file (exit 4), the previous file kept."""
+    from helpers_drills import userns_tmpfs_available
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if userns_tmpfs_available():
+        argv = ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs "$1" && shift && exec "$@"', "disk",
+                str(disk), sys.executable, "-c", FULL_DISK_SAVE, str(disk), "tmpfs"]
+    else:
+        argv = [sys.executable, "-c", FULL_DISK_SAVE, str(disk), "fsize"]
+    proc = subprocess.run(argv, env=toy_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, line, kept = proc.stdout.strip().split("|")
+    assert code == "4" and kept == "[1.0, 1.0, 1.0]", proc.stdout
+    assert line.startswith(f"cannot write {disk / 'pytorch_model_best.bin'}: ") and "MiB free there" in line, line
+    assert "No space left on device" in line or "File too large" in line, line
+    assert line.endswith("the previous pytorch_model_best.bin (if any) is unchanged"), line

@@ -222,10 +222,13 @@ def resume_fingerprint(header: dict, dataset: CVQADataset, args: dict) -> dict:
 
 
 def _header(args: dict, dataset: CVQADataset, scorer) -> dict:
+    from volta_ml.hf.export import status
+    exports = {key: found for key in ("model", "adapter") if (found := status(args.get(key)))}
     return {"backend": scorer.backend, **scorer.header(), "revision": dataset.revision, "data": str(dataset.root),
             "chunk_size": int(args["chunk_size"]), "max_side": args["max_side"], "max_pixels": args["max_pixels"],
             "adapter": args.get("adapter"),
-            **({"allow_adapter_base_mismatch": True} if args.get("allow_adapter_base_mismatch") else {})}
+            **({"allow_adapter_base_mismatch": True} if args.get("allow_adapter_base_mismatch") else {}),
+            **({"exports": exports} if exports else {})}
 
 
 def _write_results(args, dataset, scorer, header, scores, failures, timing, out_dir: Path) -> str:

@@ -6,8 +6,12 @@ intact. Two kinds of files, as VOLTA names them:
 - `pytorch_model_<N>.bin` / `pytorch_model_best.bin`: the unwrapped model's state_dict
   (VOLTA key names: `bert.*`, `clfs_dict.TASK<n>.*`), loadable by VOLTA itself;
 - `pytorch_ckpt_latest.tar`: everything a resumed run needs (model, optimizer, scheduler,
-  grad scaler, data position, RNG states of every rank, best score), made only of tensors
-  and plain containers so it loads with `torch.load(weights_only=True)`.
+  grad scaler, data position, RNG states of every rank, best score) and what the model was
+  (`saved_from`: model, LoRA rank and targets, ...; files written before it was recorded lack it),
+  made only of tensors and plain containers so it loads with `torch.load(weights_only=True)`.
+  A file that does not fit the model being trained (another model, LoRA rank or target set) is
+  refused in one line naming the first tensors that differ and what the file was saved from
+  (`check_fits`); a truncated or damaged file in one line naming the file.
 
 Every resume file is read with torch's weights-only unpickler, never with full unpickling. VOLTA's own
 resume files also pickle its TensorBoard logger (`tbLogger`) and, in multi-task runs, the task stop
@@ -104,13 +108,15 @@ def restore_rng_state(state: dict) -> None:
 
 def save_latest(path: str | os.PathLike, *, model, optimizer, scheduler, scaler, global_step: int,
                 epoch_id: int, resume_epoch: int, resume_micro_step: int, best_score: float,
-                rng_states: list[dict], pending_grads: dict | None = None, sharded: dict | None = None) -> None:
+                rng_states: list[dict], pending_grads: dict | None = None, saved_from: dict | None = None,
+                sharded: dict | None = None) -> None:
     """Write `pytorch_ckpt_latest.tar`.
 
     `epoch_id` is the last finished epoch (VOLTA's meaning, -1 before the first);
     (`resume_epoch`, `resume_micro_step`) is where the data loader continues.
     `rng_states` holds one entry per rank. `pending_grads` are gradients accumulated by
-    micro-batches that did not reach an optimizer step yet (VOLTA carries them over).
+    micro-batches that did not reach an optimizer step yet (VOLTA carries them over). `saved_from`
+    describes the model (`TrainJob.origin`: plain strings), named when the file does not fit another.
     `sharded` (an FSDP run, `engine/sharding.py`): the model, optimizer and pending gradients are in the folder it
     names (`model` and `optimizer` are then None), with what is needed to rebuild them (plain values).
     """
@@ -128,10 +134,51 @@ def save_latest(path: str | os.PathLike, *, model, optimizer, scheduler, scaler,
         "score": float(best_score),
         "rng_states": rng_states,
         "pending_grads": {k: v.detach().cpu() for k, v in (pending_grads or {}).items()},
+        "saved_from": {str(k): str(v) for k, v in (saved_from or {}).items()},
     }
     if sharded is not None:
         state["sharded"] = sharded
     atomic_torch_save(state, path)
+
+
+def _origin(described: dict | None) -> str:
+    return ", ".join(f"{key} {value}" for key, value in described.items()) if described else ""
+
+
+def check_fits(path, state: dict, model: nn.Module, origin: dict | None = None) -> None:
+    """Refuse, in one line, a resume file whose model tensors are not this model's (another model, LoRA rank
+    or target set, projector): the first tensors that differ, and what the file and this run were saved from
+    (`saved_from`, `origin`). A sharded state (`engine/sharding.py`) is checked by the shapes it records; a 0-d
+    tensor and its 1-element form (how FSDP holds it) are the same shape here."""
+    if "sharded" in state:
+        saved = {k: tuple(v) for k, v in state["sharded"].get("shapes", {}).items()}
+    else:
+        saved = {k: tuple(v.shape) for k, v in state["model_state_dict"].items()}
+    own = {k: tuple(v.shape) for k, v in unwrap(model).state_dict().items()}
+
+    def same(a: tuple, b: tuple) -> bool:
+        return a == b or {a, b} == {(), (1,)}
+    shaped = [k for k in own if k in saved and not same(saved[k], own[k])]
+    missing = [k for k in own if k not in saved]
+    extra = [k for k in saved if k not in own]
+    if not (shaped or missing or extra):
+        return
+    differences = []
+    if shaped:
+        differences.append(f"{len(shaped)} of another shape (first {shaped[0]}: file "
+                           f"{list(saved[shaped[0]])}, model {list(own[shaped[0]])})")
+    if missing:
+        differences.append(f"{len(missing)} of this model missing (first {missing[0]})")
+    if extra:
+        differences.append(f"{len(extra)} not in this model (first {extra[0]})")
+    recorded = _origin(state.get("saved_from"))
+    source = (f"saved from {recorded}" if recorded else
+              "saved by VOLTA" if state.get("format") == "volta" else
+              "saved by an older volta-ml that did not record its model" if "saved_from" not in state else
+              "saved by a job that describes no model")
+    this = f"; this run: {_origin(origin)}" if origin else ""
+    raise UsageError(f"--resume_file {path}: another model's resume file ({source}{this}): "
+                     f"{'; '.join(differences)}")
 
 
 class VoltaObject:
@@ -205,6 +252,32 @@ def _globals_in(stream) -> set[str]:
     return found
 
 
+ZIP_MAGIC = b"PK\x03\x04"                       # torch.save since torch 1.6: a zip archive
+LEGACY_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"   # before: pickled magic number
+
+
+def _unreadable(path, error: BaseException) -> str:
+    """Why the pickle of a resume file cannot be read, in words: a truncated or damaged torch.save file (a
+    copy or a save that did not finish), an empty one, or not a torch.save file at all."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            head = handle.read(len(LEGACY_MAGIC))
+    except OSError as unopened:
+        return f"cannot be read ({unopened.strerror or unopened})"
+    if size == 0:
+        return "an empty file (0 bytes): truncated"
+    first = (str(error).strip().splitlines() or [""])[0]
+    if head.startswith(ZIP_MAGIC) and zipfile.is_zipfile(path):
+        return f"not a training checkpoint (a zip archive, but not torch.save's: {first})"
+    if head.startswith(ZIP_MAGIC):
+        return (f"truncated or corrupt: a torch.save zip archive whose end is missing or damaged ({size:,} bytes; "
+                f"a copy or save that did not finish?)")
+    if head.startswith(LEGACY_MAGIC):
+        return f"truncated or corrupt: a torch.save file (torch < 1.6 format) that ends too early ({size:,} bytes)"
+    return f"not a training checkpoint (not a torch.save file: {type(error).__name__}: {first})"
+
+
 TORCH_MODULES = ("torch", "numpy", "collections", "builtins", "__builtin__", "copyreg", "copy_reg", "_codecs")
 
 
@@ -226,8 +299,7 @@ def load_latest(path: str | os.PathLike) -> dict:
     try:
         named = pickle_globals(path)
     except Exception as unreadable:  # noqa: BLE001 - any reader error means: not a checkpoint
-        raise UsageError(f"--resume_file {path}: not a readable training checkpoint "
-                         f"({type(unreadable).__name__}: {unreadable})") from None
+        raise UsageError(f"--resume_file {path}: {_unreadable(path, unreadable)}") from None
     stand_ins = _stand_ins(named)
     # what torch itself may allow (tensors, storages, containers, numpy values) is judged by its unpickler;
     # anything from another module is refused here, by name, before loading starts
@@ -245,7 +317,7 @@ def load_latest(path: str | os.PathLike) -> dict:
                          f"(UnpicklingError: {(str(unsafe).strip().splitlines() or [''])[0]})") from None
     except Exception as unreadable:  # noqa: BLE001 - any reader error means: not a checkpoint
         first = (str(unreadable).strip().splitlines() or [""])[0]
-        raise UsageError(f"--resume_file {path}: not a readable training checkpoint "
+        raise UsageError(f"--resume_file {path}: not a readable training checkpoint, truncated or corrupt "
                          f"({type(unreadable).__name__}: {first})") from None
     if not isinstance(state, dict) or "model_state_dict" not in state:
         raise UsageError(f"--resume_file {path}: not a training checkpoint (no 'model_state_dict' key)")

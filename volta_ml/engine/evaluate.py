@@ -4,6 +4,9 @@
 workers, CPU or CUDA, autocast in `precision` "none" | "bf16" | "fp16") and returns VOLTA's figures:
 loss = Σ(loss_b·B_b)/ΣB_b and score = Σscore_b/ΣB_b (a fraction; `score_percent` is the ×100 that VOLTA's
 Validation line prints), where B_b counts examples; plus per-example prediction rows in dataset order.
+A job whose loss is defined for only some examples (an answer loss, where rows without a gold answer count
+in the score but have no target) returns it as `MeanLoss(mean, count)`: the loss is then Σ(mean_b·count_b)/
+Σcount_b, the mean over those examples whatever the batch size or the number of ranks.
 Batches are moved to the model's device here. With `info` of a multi-process run, the sums are all-reduced,
 so every rank returns the figures of the whole set (pass a sharded `loader`).
 """
@@ -13,7 +16,7 @@ import contextlib
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader
@@ -27,9 +30,21 @@ logger = logging.getLogger("volta_ml.evaluate")
 PRECISIONS = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class MeanLoss(NamedTuple):
+    """A batch's loss that is the mean over `count` of its examples (those with a target), not over all of
+    them: the evaluation weights it by `count`, and the score still by the batch's n_examples."""
+    mean: torch.Tensor
+    count: torch.Tensor | int
+
+
+def loss_and_count(loss, n_examples) -> tuple:
+    """(mean loss, examples it is the mean over) of what a `forward_and_loss` returned."""
+    return (loss.mean, loss.count) if isinstance(loss, MeanLoss) else (loss, n_examples)
+
+
 @dataclass
 class EvalResult:
-    loss: float              # mean loss per example
+    loss: float              # mean loss per example (per example with a target, for a MeanLoss)
     score: float             # Σ score / Σ examples (a fraction)
     loss_sum: float
     score_sum: float
@@ -38,6 +53,7 @@ class EvalResult:
     predictions: list[dict] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
     score_sums: list[float] = field(default_factory=list)   # every entry of a vector score (score_width > 1)
+    loss_examples: int = 0   # the examples the loss is the mean over (n_examples unless MeanLoss)
 
     @property
     def score_percent(self) -> float:
@@ -109,7 +125,8 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
         loader = make_loader(dataset, batch_size, num_workers, pin_memory=device.type == "cuda")
     was_training = model.training
     model.eval()
-    sums = torch.zeros(2 + score_width, dtype=torch.float64, device=device)   # Σ loss·n, Σ score, Σ n: no sync
+    # Σ loss·m, Σ score, Σ n, Σ m (m: the examples a batch's loss is the mean over): no sync
+    sums = torch.zeros(3 + score_width, dtype=torch.float64, device=device)
     n_batches = 0
     rows: list[tuple[int, dict]] = []
     total = len(loader) if max_batches is None else min(len(loader), max_batches)
@@ -125,9 +142,10 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
                 batch = move_to_device(batch, device)
                 with autocast(precision, device):
                     loss, score, count, logits = forward_and_loss(model, batch, task_id)
-                n = as_tensor(count, device)
-                sums += torch.cat([(as_tensor(loss, device) * n).reshape(1), as_tensor(score, device).reshape(-1),
-                                   n.reshape(1)])
+                mean, over = loss_and_count(loss, count)
+                m = as_tensor(over, device)
+                sums += torch.cat([(as_tensor(mean, device) * m).reshape(1), as_tensor(score, device).reshape(-1),
+                                   as_tensor(count, device).reshape(1), m.reshape(1)])
                 n_batches += 1
                 if keep_predictions:
                     predicted = family.predictions(batch, logits.float().cpu(), dataset)
@@ -143,7 +161,7 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
         model.train(was_training)
     if info is not None:
         all_reduce_sum(sums, info)
-    loss_sum, *score_sums, n_examples = sums.tolist()
+    loss_sum, *score_sums, n_examples, loss_count = sums.tolist()
     score_sum = score_sums[0]
     n_examples = int(n_examples)
     if n_examples == 0:
@@ -152,10 +170,10 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
     rows.sort(key=lambda pair: pair[0])
     predictions = [row for _, row in rows]
     return EvalResult(
-        loss=loss_sum / n_examples if n_examples else 0.0,
+        loss=loss_sum / loss_count if loss_count else 0.0,
         score=score_sum / n_examples if n_examples else 0.0,
         loss_sum=loss_sum, score_sum=score_sum, n_examples=n_examples, n_batches=n_batches,
         predictions=predictions,
         metrics=family.extra_metrics(predictions, task_id) if keep_predictions else {},
-        score_sums=score_sums,
+        score_sums=score_sums, loss_examples=int(round(loss_count)),
     )

@@ -348,7 +348,8 @@ def save_sharded_state(path: Path, model, optimizer, pending: bool, info: DistIn
         raise
     if info.is_main:
         sharded = {"folder": name, "processes": info.world_size, "pending": sorted(grads),
-                   "optimizer": layout, "param_groups": groups}
+                   "optimizer": layout, "param_groups": groups,
+                   "shapes": {k: list(v.shape) for k, v in ckpt.unwrap(model).state_dict().items()}}
         ckpt.save_latest(path, model=None, optimizer=None, rng_states=rng, pending_grads=None, sharded=sharded,
                          **fields)
         remove_stale_shards(Path(path).parent, keep=name)

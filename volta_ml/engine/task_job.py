@@ -102,6 +102,7 @@ def build_task_job(args, info: DistInfo) -> TrainJob:
                  "splits": f"train {args.train_split!r}, val {args.val_split!r}",
                  "features": f"train {train_features}, val {val_features}",
                  "init": f"{args.from_pretrained} ({len(missing)} tensors not in it)"},
+        origin={"model config": args.config_file, "task": f"{task_id} {entry['name']}"},
     )
 
 

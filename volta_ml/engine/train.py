@@ -33,7 +33,7 @@ from volta_ml.engine import sharding
 from volta_ml.engine.distributed import DistInfo, all_reduce_sum, barrier
 from volta_ml.engine.failures import UsageError
 from volta_ml.engine.optim import build_optimizer, build_scheduler, freeze_fixed_layers, schedule_lengths
-from volta_ml.engine.evaluate import as_tensor, evaluate, move_to_device
+from volta_ml.engine.evaluate import as_tensor, evaluate, loss_and_count, move_to_device
 from volta_ml.engine.train_support import (NonFiniteLoss, Precision, Preempted, PreemptionFlag, train_loader,
                                            val_loader)
 
@@ -54,9 +54,10 @@ class TrainJob:
     fixed_layers: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)  # extra lines for the start summary
     # rank 0, after pytorch_model_best.bin is written: export the bare model in another format too
-    # (the HF dual encoders' save_pretrained folder, volta_ml/iglue_hf/train.py); under --sharding fsdp every
-    # rank calls it (gathering the weights is collective: `sharding.gather_full_state`) and rank 0 writes
-    on_best_saved: Callable[[nn.Module], None] | None = None
+    # (the HF models' hf_best/ folder, volta_ml/iglue_hf/train.py), told which weights these are (SavedBest); under
+    # --sharding fsdp every rank calls it (gathering the weights is collective: `sharding.gather_full_state`) and
+    # rank 0 writes
+    on_best_saved: Callable[[nn.Module, "SavedBest"], None] | None = None
     # pretraining (volta_ml/pretrain): (log label, TensorBoard key) of each loss part forward_and_loss sums
     loss_parts: tuple[tuple[str, str], ...] = ()
     # the optimizer's parameter groups (a group may carry its own "lr"); default: decay / no decay
@@ -72,6 +73,18 @@ class TrainJob:
     # the trainable tensors are cast to this dtype before training (master weights of a bf16 model; under FSDP
     # unit by unit as they are sharded); None: as loaded
     train_dtype: torch.dtype | None = None
+    # what the model is (plain strings: model, LoRA rank and targets, ...): recorded in the resume file as
+    # `saved_from`, and named when a resume file does not fit the model
+    origin: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SavedBest:
+    """What `TrainJob.on_best_saved` is told about the weights just saved as `pytorch_model_best.bin`."""
+    checkpoint: Path        # <run dir>/pytorch_model_best.bin
+    epoch: int              # the epoch whose validation (at its end, or a mid-epoch point) made them the best
+    global_step: int        # optimizer steps taken
+    score: float            # that validation score (a fraction)
 
 
 @dataclass
@@ -159,7 +172,7 @@ def _train(job: TrainJob, args, info: DistInfo, shard: sharding.Replicated) -> f
     resumed = bool(args.resume_file) and os.path.exists(args.resume_file)
     if resumed:
         global_step, start_epoch, start_micro, best = _resume(args.resume_file, model, optimizer, scheduler,
-                                                              precision, info, shard)
+                                                              precision, info, shard, job.origin)
     trainable = [p for p in model.parameters() if p.requires_grad]
     model = shard.wrap(model)
 
@@ -172,14 +185,21 @@ def _train(job: TrainJob, args, info: DistInfo, shard: sharding.Replicated) -> f
     def save_latest(epoch_done: int, next_epoch: int, next_micro: int, pending: bool = False):
         shard.save_latest(latest_path, model, optimizer, pending, scheduler=scheduler, scaler=precision.scaler,
                           global_step=global_step, epoch_id=epoch_done, resume_epoch=next_epoch,
-                          resume_micro_step=next_micro, best_score=best)
+                          resume_micro_step=next_micro, best_score=best, saved_from=job.origin)
 
     def save_bin(tag) -> None:
         state = shard.model_state(model)     # collective under FSDP; None except on rank 0
         if info.is_main:
             ckpt.atomic_torch_save(state, job.run_dir / f"pytorch_model_{tag}.bin")
-        if tag == "best" and job.on_best_saved is not None and (info.is_main or shard.collective):
-            job.on_best_saved(ckpt.unwrap(model))
+
+    def save_best(tag, epoch: int) -> None:
+        """pytorch_model_<tag>.bin and pytorch_model_best.bin, then the job's export of the same weights (under FSDP
+        on every rank: gathering them is collective)."""
+        save_bin(tag)
+        save_bin("best")
+        if job.on_best_saved is not None and (info.is_main or shard.collective):
+            job.on_best_saved(ckpt.unwrap(model), SavedBest(job.run_dir / "pytorch_model_best.bin", epoch,
+                                                            global_step, best))
 
     width = len(job.loss_parts) or 1   # entries of the score (or of the loss parts) forward_and_loss returns
     steps_per_epoch = -(-micro_per_epoch // grad_acc)
@@ -263,6 +283,7 @@ def _train(job: TrainJob, args, info: DistInfo, shard: sharding.Replicated) -> f
                 with shard.micro_batch(model, is_step):
                     with precision.autocast():
                         loss, score_sum, n_examples, _ = job.forward_and_loss(model, batch_data, job.task_id)
+                        loss = loss_and_count(loss, n_examples)[0]
                     precision.scaler.scale(loss / grad_acc if grad_acc > 1 else loss).backward()
                 loss_value = loss.detach().double()
                 step_loss += loss_value
@@ -323,8 +344,7 @@ def _train(job: TrainJob, args, info: DistInfo, shard: sharding.Replicated) -> f
                     model.train()
                     if score > best:
                         best = score
-                        save_bin(iter_id)
-                        save_bin("best")
+                        save_best(iter_id, epoch)
             bar.close()
             if info.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -342,8 +362,7 @@ def _train(job: TrainJob, args, info: DistInfo, shard: sharding.Replicated) -> f
             pending = micro_per_epoch % grad_acc != 0  # VOLTA carries leftover gradients over
             if score > best:
                 best = score
-                save_bin(epoch)
-                save_bin("best")
+                save_best(epoch, epoch)
             elif not args.save_best_only and (epoch + 1) % args.save_every_num_epochs == 0:
                 save_bin(epoch)
             save_latest(epoch, epoch + 1, 0, pending=pending)
@@ -361,8 +380,9 @@ def _peer_signal() -> int:
     return int(signal.SIGTERM)  # only another rank was signalled; report it as SIGTERM
 
 
-def _resume(path, model, optimizer, scheduler, precision, info, shard) -> tuple[int, int, int, float]:
+def _resume(path, model, optimizer, scheduler, precision, info, shard, origin: dict) -> tuple[int, int, int, float]:
     state = ckpt.load_latest(path)
+    ckpt.check_fits(path, state, model, origin)
     shard.load_latest(path, state, model, optimizer)    # weights, optimizer state, pending gradients
     if state["format"] == "volta":
         logger.warning("%s was written by VOLTA: only weights, step, epoch and best score are restored; "

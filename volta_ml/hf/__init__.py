@@ -1,7 +1,8 @@
 """Hugging Face backends (CLIP-family dual encoders, M-CLIP, generative image-text models); contract in base.py.
 
 `load_backend(kind, spec)` builds the backend `BACKENDS[kind]` for a `ModelSpec`; each loader imports
-`transformers` only when called, so importing this package stays cheap.
+`transformers` only when called, so importing this package stays cheap. A model or adapter folder that is a
+training run's `hf_best/` export older than the run's best checkpoint is said on stderr (`export.check`).
 """
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def load_backend(kind: str, spec: ModelSpec) -> DualEncoder | Generative:
         loader = BACKENDS[kind]
     except KeyError:
         raise UnknownBackendError(f"unknown HF backend {kind!r}; supported: {', '.join(BACKENDS)}") from None
+    from . import export
+    for folder in (spec.model, spec.adapter):    # a training run's hf_best older than its best: said on stderr
+        export.check(folder)
     return loader(spec)
 
 

@@ -5,7 +5,7 @@ annotation file (IGLUE's test file, or its `_mt` translation for translate-test)
 under the image root, scores with the backend (dual encoders: retrieval; generative: XVNLI, xGQA, MaRVL),
 sharded over ranks and resumable by chunks, and writes on rank 0:
 - `iglue_hf_results.json`: metrics, rule, prompts version, the rendered prompt of the first example, MaRVL's
-  image layout, backend spec, timing;
+  image layout, backend spec, timing, and for a training run's `hf_best/` which best it holds (`exports`);
 - `predictions.jsonl` (generative) or eval_retrieval's `<split>_result.json`, `<split>_others.json`,
   `<split>_scores.npy`, `<split>_retrieval.json` (retrieval);
 - `<split>_items.jsonl`: each item's score (or each query's recall hits; volta_ml/stats.py), for the report's
@@ -26,6 +26,7 @@ from volta_ml.atomic import atomic_write_json
 from volta_ml.digest import content_fingerprint, file_digest, stat_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
+from volta_ml.hf.export import status as export_status
 from volta_ml.hf.loading import loading_report
 from volta_ml.options import complete_options
 from volta_ml.protocols.iglue import TASKS
@@ -138,6 +139,9 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         accepted = loading_report(backend)
         if accepted:      # --allow_missing_keys, --allow_adapter_base_mismatch: what was accepted at load
             results["loading_report"] = accepted
+        exports = {key: found for key in ("model", "adapter") if (found := export_status(opts[key]))}
+        if exports:       # a training run's hf_best: which best it holds, and whether the run has a newer one
+            results["exports"] = exports
         results["examples_per_second"] = round(results["n_examples"] / max(seconds, 1e-9), 3)
         atomic_write_json(out_dir / "iglue_hf_results.json", results, indent=1, ensure_ascii=False)
         if opts["record"]:

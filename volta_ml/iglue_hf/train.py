@@ -27,6 +27,9 @@ are all the engine's).
   the best model and its processor written each time a new best is saved (`save_pretrained`, safetensors;
   M-CLIP: its published layout, `mclip_train`),
   which `volta-ml iglue-hf --backend clip|mclip --model <run dir>/hf_best` evaluates and `--hf_model` starts from.
+  `export_best` writes it (both kinds of HF models): swapped in whole, with the record of which best it holds
+  (`volta_ml.hf.export`), so that a complete export is on disk at every instant after the first and a scorer
+  reading one older than `pytorch_model_best.bin` (an export that failed) says so.
 """
 from __future__ import annotations
 
@@ -34,7 +37,6 @@ import functools
 import json
 import logging
 import random
-import shutil
 from pathlib import Path
 
 import torch
@@ -44,7 +46,8 @@ from volta_ml.engine.distributed import DistInfo, barrier, gather_with_grad
 from volta_ml.engine.failures import UsageError
 from volta_ml.engine.sharding import gather_full_state
 from volta_ml.engine.task_job import resolve_hyperparameters
-from volta_ml.engine.train import TrainJob
+from volta_ml.atomic import finish_replace, replace_folder
+from volta_ml.engine.train import SavedBest, TrainJob
 
 from .contrastive import (LOSSES, DualEncoderForTraining, TrainableDualEncoder, enable_gradient_checkpointing,
                           pair_loss)
@@ -63,10 +66,13 @@ EXPORT_DIR = "hf_best"
 # --- the model spec and what it can train on -------------------------------------------------------------------
 def model_spec(args):
     """`--hf_model PATH` or `HUB_ID[@REVISION]` as a `ModelSpec` (fp32 weights: bf16 is autocast, `--amp`)."""
+    from volta_ml.hf import export
     from volta_ml.hf.base import ModelSpec
     model, revision = args.hf_model, None
     if "@" in model and not Path(model).expanduser().exists():
         model, revision = model.rsplit("@", 1)
+    for folder in (model, getattr(args, "hf_adapter", None)):   # a run's hf_best older than its best: said
+        export.check(folder)
     return ModelSpec(model=model, revision=revision, device="cpu", extra=dict(args.hf_extra or {}))
 
 
@@ -268,25 +274,31 @@ def load_trainable(spec, loss: str, args) -> TrainableDualEncoder:
 
 
 # --- export ------------------------------------------------------------------------------------------------------
-def export_atomically(run_dir: Path, write) -> None:
-    """`write(folder)` into a temporary folder, then swapped in as `<run dir>/hf_best`, so a kill during the
-    write leaves the previous best folder whole (at worst under `.hf_best.old`, which the next export removes)."""
-    final, tmp, old = run_dir / EXPORT_DIR, run_dir / f".{EXPORT_DIR}.tmp", run_dir / f".{EXPORT_DIR}.old"
-    for stale in (tmp, old):
-        shutil.rmtree(stale, ignore_errors=True)
-    write(tmp)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+def export_best(run_dir: Path, write, best: SavedBest) -> None:
+    """`<run dir>/hf_best`: what `write(folder)` saves, plus the record of which best it holds (`hf.export`),
+    swapped in whole (`atomic.replace_folder`): a failure or a kill leaves the previous export complete, a full
+    disk is one line naming the file (exit 4)."""
+    from volta_ml.hf import export
+
+    def write_with_record(folder: Path) -> None:
+        write(folder)
+        export.write_record(folder, best.checkpoint, best.epoch, best.global_step, best.score)
+    replace_folder(run_dir / EXPORT_DIR, write_with_record)
 
 
-def export_dual_encoder(module, model: TrainableDualEncoder, run_dir: Path) -> None:
+def prepare_run_dir(run_dir: Path, args, described: str) -> None:
+    """Rank 0: the run directory, `command.txt`, and an export swap a kill interrupted finished."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "command.txt").write_text(f"{args!r}\n\n{described}\n", encoding="utf-8")
+    finish_replace(run_dir / EXPORT_DIR)
+
+
+def export_dual_encoder(module, model: TrainableDualEncoder, run_dir: Path, best: SavedBest) -> None:
     """`<run dir>/hf_best` from the trained module's whole state (gathered: under --sharding fsdp every rank calls
-    this, rank 0 writes)."""
+    this, rank 0 writes), through `export_best`."""
     state = gather_full_state(module)
     if state is not None:
-        export_atomically(run_dir, lambda folder: model.save(folder, state))
+        export_best(run_dir, lambda folder: model.save(folder, state), best)
 
 
 # --- the job -----------------------------------------------------------------------------------------------------
@@ -326,17 +338,16 @@ def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
     name = run_name(entry, spec, args)
     run_dir = Path(args.output_dir) / name
     if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "command.txt").write_text(f"{args!r}\n\n{json.dumps(model.config, default=str)}\n",
-                                             encoding="utf-8")
+        prepare_run_dir(run_dir, args, json.dumps(model.config, default=str))
     barrier(info)
     return TrainJob(
         model=model.module, train_dataset=train_set, val_dataset=val_set,
         forward_and_loss=functools.partial(forward_and_loss, loss=loss, info=info),
         task_id=task_id, task_name=entry["name"], run_dir=run_dir, tb_dir=Path(args.logdir) / name,
         collate_fn=collate,
-        on_best_saved=lambda module: export_dual_encoder(module, model, run_dir),
+        on_best_saved=lambda module, best: export_dual_encoder(module, model, run_dir, best),
         shard_units=shard_units,
+        origin={"model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "") + f" ({model.family})"},
         summary={"hf model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
                              + f" ({model.family}, {loss} loss"
                              + (f", gradient checkpointing in {', '.join(checkpointed)}" if checkpointed else "") + ")",

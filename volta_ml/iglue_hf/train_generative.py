@@ -44,6 +44,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from volta_ml.engine.distributed import DistInfo, barrier
+from volta_ml.engine.evaluate import MeanLoss
 from volta_ml.engine.failures import UsageError
 from volta_ml.engine.sharding import gather_full_state
 from volta_ml.engine.task_job import resolve_hyperparameters
@@ -56,7 +57,7 @@ from .images import DEFAULT_TEMPLATES
 from .prompts import OPTIONS, letter_choices, user_turn
 from .scoring import DEFAULT_RULES, get_rule
 from .tasks import example_images, marvl_layout
-from .train import EXPORT_DIR, export_atomically, image_source, model_spec, model_type, run_name, task_entry
+from .train import EXPORT_DIR, export_best, image_source, model_spec, model_type, prepare_run_dir, run_name, task_entry
 
 logger = logging.getLogger("volta_ml.train")
 
@@ -184,15 +185,38 @@ class GenerativeForTraining(nn.Module):
 
 # --- loss and score ----------------------------------------------------------------------------------------------
 def forward_and_loss(model, batch, task_id, *, score_batch):
-    """Training: the weighted mean answer NLL and the teacher-forced exact answers. Validation: the same loss and
-    the number of examples the task's iglue-hf rule gets right."""
+    """Training: the mean answer NLL over the examples with a gold answer and the teacher-forced exact answers.
+    Validation: the same loss, as a `MeanLoss` over those examples (a row without a gold answer has no answer
+    loss, but counts in the score), and the number of examples the task's iglue-hf rule gets right."""
     nll, right = model(batch["inputs"], batch["answer"], batch["answer_mask"])
     weight = batch["weight"].to(nll.dtype)
-    loss = (nll * weight).sum() / weight.sum().clamp(min=1)
+    labelled = weight.sum()
+    loss = MeanLoss((nll * weight).sum() / labelled.clamp(min=1), labelled)
     n = len(batch["gold"])
     if model.training:
         return loss, (right & (weight > 0)).sum(), n, None
     return loss, score_batch(batch), n, None
+
+
+def job_origin(spec, backend, plan, lora_config) -> dict:
+    """What the trained model is, as the resume file records it (`TrainJob.origin`): LoRA's (`lora_origin`), or
+    a full fine-tuning's parts."""
+    if plan.mode == "lora":
+        origin = lora_origin(spec, backend, lora_config)
+        return dict(origin, **{"vision tower": "trained"}) if "vision" in plan.parts else origin
+    return {"model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
+                     + f" ({backend.model.config.model_type})", "fine-tuning": plan.describe()}
+
+
+def lora_origin(spec, backend, lora_config) -> dict:
+    """What the trained model is, as the resume file records it (`TrainJob.origin`)."""
+    targets = lora_config.target_modules
+    targets = [targets] if isinstance(targets, str) else sorted(targets)
+    return {"model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
+                     + f" ({backend.model.config.model_type})",
+            "LoRA": f"r {lora_config.r} on {','.join(sorted({t.rsplit('.', 1)[-1] for t in targets}))} "
+                    f"({len(targets)} modules)",
+            "projector": "trained" if lora_config.modules_to_save else "frozen"}
 
 
 def rule_score(backend, task: str, rule_name: str, batch) -> int:
@@ -205,16 +229,16 @@ def rule_score(backend, task: str, rule_name: str, batch) -> int:
 
 
 # --- export ------------------------------------------------------------------------------------------------------
-def export_adapter(model: GenerativeForTraining, run_dir: Path) -> None:
-    """`<run dir>/hf_best`: the adapter (peft's save_pretrained of the trained tensors), swapped in atomically.
-    Under --sharding fsdp every rank gathers, rank 0 writes."""
+def export_adapter(model: GenerativeForTraining, run_dir: Path, best) -> None:
+    """`<run dir>/hf_best`: the adapter (peft's save_pretrained of the trained tensors), swapped in whole
+    (`train.export_best`). Under --sharding fsdp every rank gathers, rank 0 writes."""
     state = gather_full_state(model)         # the trainable tensors only (GenerativeForTraining.state_dict)
     if state is not None:
         state = {key.removeprefix("peft."): value for key, value in state.items()}
-        export_atomically(run_dir, lambda folder: model.peft.save_pretrained(folder, state_dict=state))
+        export_best(run_dir, lambda folder: model.peft.save_pretrained(folder, state_dict=state), best)
 
 
-def export_model(model: GenerativeForTraining, run_dir: Path) -> None:
+def export_model(model: GenerativeForTraining, run_dir: Path, best) -> None:
     """`<run dir>/hf_best` of a model fine-tuned in full: the whole model (save_pretrained, its frozen parts too)
     and its processor, which plain transformers and `volta-ml iglue-hf --backend mllm --model` load."""
     state = gather_full_state(model.hf)
@@ -222,7 +246,7 @@ def export_model(model: GenerativeForTraining, run_dir: Path) -> None:
         def write(folder: Path) -> None:
             model.hf.save_pretrained(folder, state_dict=state)
             model.backend.processor.save_pretrained(folder)
-        export_atomically(run_dir, write)
+        export_best(run_dir, write, best)
 
 
 # --- the job -----------------------------------------------------------------------------------------------------
@@ -277,11 +301,9 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
     run_dir = Path(args.output_dir) / name
     lora_config = trained.peft_config["default"] if plan.mode == "lora" else None
     if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "command.txt").write_text(
-            f"{args!r}\n\n{json.dumps(backend.model.config.to_dict(), default=str)}\n\n"
-            + (f"{json.dumps(lora_config.to_dict(), default=str)}\n" if lora_config else "full fine-tuning\n"),
-            encoding="utf-8")
+        prepare_run_dir(run_dir, args, f"{json.dumps(backend.model.config.to_dict(), default=str)}\n\n"
+                                       + (json.dumps(lora_config.to_dict(), default=str) if lora_config
+                                          else f"full fine-tuning: {plan.describe()}"))
     barrier(info)
     module = GenerativeForTraining(trained, backend)
     # --allow_adapter_base_mismatch: what the --hf_adapter's recorded base differs in (the summary records it)
@@ -299,11 +321,13 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
                                            score_batch=functools.partial(rule_score, backend, task, rule)),
         task_id=task_id, task_name=entry["name"], run_dir=run_dir, tb_dir=Path(args.logdir) / name,
         collate_fn=Collate(inputs_backend),
-        on_best_saved=lambda model: (export_adapter if plan.mode == "lora" else export_model)(model, run_dir),
+        on_best_saved=lambda model, best: (export_adapter if plan.mode == "lora" else export_model)(model, run_dir,
+                                                                                                  best),
         shard_units=finetune.shard_units,
         train_dtype=torch.float32 if args.hf_dtype == "bf16" and args.amp == "bf16" else None,
         param_groups=(functools.partial(finetune.param_groups_by_part, modules=modules, lrs=plan.lrs,
                                         weight_decay=args.weight_decay) if plan.lrs else None),
+        origin=job_origin(spec, backend, plan, lora_config),
         summary={"hf model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
                              + f" ({backend.model.config.model_type}, prompt format: {backend.prompt_format})",
                  "fine-tuning": how + (", gradient checkpointing" if args.gradient_checkpointing else "")

@@ -3,10 +3,12 @@ the other languages in the benchmark's order, `mul` (the unweighted mean over th
 languages, as mBLIP, Centurio and PangeaBench report) and, for benchmarks whose paper averages every language
 (Kaleidoscope, MTVQA), `avg` (the unweighted mean over all of the table's languages). An aggregate needs every
 language of the table (else "–", never a mean of what happens to be there); the caption says how many of the
-benchmark's languages the table has. The numbers the benchmarks' authors published (`protocols/suite.PUBLISHED`,
-sources in docs/suite.md) are rows `<name> (published)` of the same tables, their aggregates computed over the
-same columns. Generation rules on multiple choice also get `<Title>_format_errors` (the share of answers that
-named no option), and `suite_summary` puts every task's English and aggregate side by side.
+benchmark's languages the table has. The numbers the benchmarks' authors and the suite papers published
+(`protocols/suite.PUBLISHED`, sources in docs/suite.md) are rows `<name> (published)` of the same tables (those
+with a number in the table), their aggregates computed over the same columns, or the source's own `mul` / `avg`
+where it gives no per-language numbers and the table has every language of the benchmark. Generation rules on
+multiple choice also get `<Title>_format_errors` (the share of answers that named no option), and `suite_summary`
+puts every task's English and aggregate side by side.
 
 Files: `<Title>.csv|md|tex` (retrieval: `<Title>_ir_r1`, `<Title>_tr_r1`), `<Title>_format_errors.*`,
 `suite_summary.*`. Scores of one model, rule and language from several runs are averaged; different rules of a
@@ -52,16 +54,25 @@ class SuiteTable:
         self.columns = [l for l in spec.languages if l in langs]
         self.targets = [l for l in self.columns if l != "en"]
         self.values = dict(values)
-        for name, (_, scores, _) in (published or {}).items():
-            self.values[f"{name} (published)"] = {l: scores[l] for l in self.columns if l in scores}
         self.aggregates = ["mul"] + (["avg"] if spec.aggregate == "all" else [])
+        self.own: dict[str, dict] = {}           # published rows: the source's own aggregates
+        for name, (_, scores, own) in (published or {}).items():
+            row = f"{name} (published)"
+            self.values[row], self.own[row] = {l: scores[l] for l in self.columns if l in scores}, own
+            if not self.values[row] and all(self.aggregate(row, k) is None for k in self.aggregates):
+                del self.values[row], self.own[row]        # nothing of it in this table
 
     def aggregate(self, model: str, kind: str) -> float | None:
+        """The mean over the table's languages the aggregate spans; for a published row without them, the
+        source's own aggregate when the table has every language of the benchmark (then both span the same)."""
         langs = self.targets if kind == "mul" else self.columns
         row = self.values[model]
-        if not langs or any(l not in row for l in langs):
-            return None
-        return float(np.mean([row[l] for l in langs]))
+        if langs and all(l in row for l in langs):
+            return float(np.mean([row[l] for l in langs]))
+        spans = [l for l in self.spec.languages if kind == "avg" or l != "en"]
+        if kind in self.own.get(model, {}) and set(spans) <= set(langs):
+            return float(self.own[model][kind])
+        return None
 
     def header(self) -> list[str]:
         return ["model"] + self.columns + self.aggregates

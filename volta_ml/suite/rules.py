@@ -16,13 +16,16 @@ import json
 import re
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
+from importlib import metadata
 from typing import Callable
 
 import numpy as np
 
 from volta_ml.engine.failures import UsageError
 
-from .text import ARTICLES, NUMBER_WORDS, caption_tokens, normalise_answer
+from . import ptb
+from .text import (ARTICLES, INSTALL, NUMBER_WORDS, jar_versions, normalise_answer, prepare, ptb_jar,
+                   segmenter_versions)
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -44,6 +47,8 @@ class Rule:
     describe: str
     source: str = ""
     extra: dict = field(default_factory=dict)
+    tools: Callable | None = None    # (language) -> what the rule runs with (versions), checked before any work:
+                                     # one UsageError line naming what to install when something is missing
 
     def score(self, backend, images, prompts, context) -> dict:
         return SCORERS[self.kind](backend, images, prompts, context)
@@ -397,20 +402,44 @@ def kaleidoscope_reference(answer: str, item) -> Judged:
 
 
 # --- XM3600 captions --------------------------------------------------------------------------------------------
-def cider_judge(segment: bool):
+PTB_STEPS = {"jar": ptb_jar, "python": lambda captions: [" ".join(ptb.tokens(c)) for c in captions]}
+
+
+def cider_judge(segment: bool, step: str):
     """CIDEr-D as pycocoevalcap's `Cider` scorer computes it (n = 4, sigma = 6, document frequencies over the
-    run's references: one language), on `caption_tokens`; an item's score is its own CIDEr on that corpus."""
+    run's references: one language) on the captions `prepare`d (segmented, NFC) and tokenised by the PTB `step`:
+    the references in one call and the predictions in another, in item order, as the reference evaluation
+    tokenises them; an item's score is its own CIDEr on that corpus."""
     def judge(arrays, items, context):
-        try:
-            from pycocoevalcap.cider.cider import Cider
-        except ImportError:
-            raise UsageError("CIDEr needs the pycocoevalcap package: pip install 'volta-ml[suite]'") from None
-        res = {i: [" ".join(caption_tokens(a, it.lang, segment))] for i, (a, it) in
-               enumerate(zip(answers_of(arrays), items))}
-        gts = {i: [" ".join(caption_tokens(r, it.lang, segment)) for r in it.references] for i, it in enumerate(items)}
+        from pycocoevalcap.cider.cider import Cider
+
+        tokenise = PTB_STEPS[step]
+        predictions = tokenise([prepare(a, it.lang, segment) for a, it in zip(answers_of(arrays), items)])
+        references = tokenise([prepare(r, it.lang, segment) for it in items for r in it.references])
+        gts, start = {}, 0
+        for i, item in enumerate(items):
+            gts[i], start = references[start:start + len(item.references)], start + len(item.references)
+        res = {i: [p] for i, p in enumerate(predictions)}
         _, scores = Cider().compute_score(gts, res)
         return [Judged(float(s), None, res[i][0]) for i, s in enumerate(scores)]
     return judge
+
+
+def cider_tools(segment: bool, step: str):
+    """What a CIDEr rule runs with for a language (pycocoevalcap, the jar and Java, the segmenter's packages)."""
+    def tools(lang: str) -> dict:
+        try:
+            out = {"pycocoevalcap": metadata.version("pycocoevalcap")}
+            __import__("pycocoevalcap.cider.cider")
+        except (ImportError, metadata.PackageNotFoundError):
+            raise UsageError(f"CIDEr needs the pycocoevalcap package: {INSTALL}") from None
+        out["ptb_step"] = {"jar": "pycocoevalcap PTBTokenizer (Java)", "python": "volta_ml.suite.ptb (Python)"}[step]
+        if step == "jar":
+            out.update(jar_versions())
+        if segment:
+            out.update(segmenter_versions(lang))
+        return out
+    return tools
 
 
 # --- the rules of each task -------------------------------------------------------------------------------------
@@ -472,13 +501,19 @@ KALEIDOSCOPE_RULES = {
                        "the reference format_answer.py first pass: one-line {\"choice\": X} or a one-character reply, "
                        "A-D only", "israfelsr/kaleidoscope dataset/answer_formating.py"),
 }
+CIDER_SOURCE = "XM3600 paper; mBLIP / Centurio caption_evaluation (spaCy segmentation, pycocoevalcap PTBTokenizer, Cider)"
 CIDER_RULES = {
-    "cider": _rule("cider", "generate", cider_judge(True),
-                   "CIDEr-D (pycocoevalcap Cider) of the greedy caption against the language's references, zh / ja / "
-                   "th segmented into words, NFC, PTB-style tokens; corpus = this language",
-                   "XM3600 paper; mBLIP / Centurio caption_evaluation", per_item=False),
-    "cider-nosegment": _rule("cider-nosegment", "generate", cider_judge(False),
-                             "CIDEr-D without word segmentation of zh / ja / th (what PangeaBench's xm100 scores: its "
-                             "segmented words are joined back without spaces)", "neulab/Pangea lmms-eval xm100",
-                             per_item=False),
+    "cider": Rule("cider", "generate", cider_judge(True, "jar"),
+                  "CIDEr-D (pycocoevalcap Cider) of the greedy caption against the language's references; zh / ja / th "
+                  "segmented into words as spaCy does (characters / SudachiPy mode A / PyThaiNLP newmm), NFC, "
+                  "pycocoevalcap's PTBTokenizer (the CoreNLP jar); corpus = this language", CIDER_SOURCE,
+                  tools=cider_tools(True, "jar")),
+    "cider-pyptb": Rule("cider-pyptb", "generate", cider_judge(True, "python"),
+                        "as cider, the PTB tokenizer's step done in Python (no Java; docs/suite.md lists where its "
+                        "tokens differ from the jar's)", CIDER_SOURCE + "; PTB step re-implemented",
+                        tools=cider_tools(True, "python")),
+    "cider-nosegment": Rule("cider-nosegment", "generate", cider_judge(False, "jar"),
+                            "CIDEr-D without word segmentation of zh / ja / th (what PangeaBench's xm100 scores: its "
+                            "segmented words are joined back without spaces), pycocoevalcap's PTBTokenizer",
+                            "neulab/Pangea lmms-eval xm100", tools=cider_tools(False, "jar")),
 }

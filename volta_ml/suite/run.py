@@ -3,8 +3,9 @@
 results.
 
 Files in `--output_dir`:
-- `suite_results.json`: task, language, rule (name, description, source), prompts version, the first prompt as
-  the model saw it, model / adapter / template options, metrics, counts, what was skipped, seconds;
+- `suite_results.json`: task, language, rule (name, description, source, and `rule_tools`: the versions of the
+  tools it ran with, e.g. CIDEr's tokenizers and dictionaries), prompts version, the first prompt as the model
+  saw it, model / adapter / template options, metrics, counts, what was skipped, seconds;
 - `predictions.jsonl`: one record per item: id, lang, score, correct (1 / 0, or the CIDEr), parsed (whether a
   generated multiple-choice answer named an option; null for open answers), prediction, gold, generated answer,
   user turn;
@@ -78,6 +79,8 @@ def run_suite(options: dict, backend=None) -> dict | None:
     opts["extra"] = extra or None
     task, lang = opts["task"], opts["lang"]
     row, rule_name = check_task(task, lang, opts["rule"])
+    needs = getattr(row.rules[rule_name], "tools", None)
+    tools = needs(lang) if needs else None          # missing packages / Java: one line before any work
     for key in ("batch_size", "chunk_size"):
         if int(opts[key]) < 1:
             raise UsageError(f"--{key} must be at least 1, got {opts[key]}")
@@ -147,6 +150,8 @@ def run_suite(options: dict, backend=None) -> dict | None:
                    "data_files": [str(f) for f in data.files], "n_items": len(data.items), "skipped": data.skipped,
                    "world_size": info.world_size, "seconds": round(seconds, 3),
                    "template_options": getattr(backend, "template_options", None), **contents, **result}
+        if tools:
+            results["rule_tools"] = tools
         accepted = loading_report(backend)
         if accepted:
             results["loading_report"] = accepted

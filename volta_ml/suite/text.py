@@ -1,89 +1,167 @@
-"""Text processing of the suite's rules: answer normalisation and the tokenisation CIDEr is computed on.
+"""Text processing of the suite's rules: answer normalisation and the tokens CIDEr is computed on.
 
-CIDEr's tokens (`caption_tokens`), as the reference evaluation of the mBLIP / Centurio line computes XM3600 (its
-`convert_xm3600_to_coco.py` + `caption_evaluation`): Chinese, Japanese and Thai captions are first segmented into
-words joined by spaces, every caption is put in Unicode NFC, then tokenised as pycocoevalcap's PTBTokenizer does
-before scoring (lower case, punctuation split off and dropped). Java is not needed: PTBTokenizer runs the
-Stanford CoreNLP jar, so the PTB step is re-done here in Python (`ptb_tokens`; same tokens on ordinary sentences:
-words lower-cased, punctuation at word edges split off and dropped, English clitics `'s n't 're 've 'll 'd 'm`
-split off; it differs from the jar on bracket escapes such as `-LSB-`, which the jar keeps as words).
+CIDEr's tokens, as the reference evaluation of the mBLIP / Centurio line computes XM3600 (gregor-ge/mBLIP
+`data/xm3600/convert_xm3600_to_coco.py` for the references, `src/tasks/vllm/evaluation.py` `caption_evaluation`
+for the predictions):
+1. `segment`: Chinese, Japanese and Thai captions are split into words by spaCy's tokenizer of the language and
+   the words joined by spaces; then every caption is put in Unicode NFC (in this order);
+2. the PTB step: pycocoevalcap's `PTBTokenizer` (the Stanford CoreNLP 3.4.1 jar, run by Java, one line per
+   caption, lower case) and the removal of its punctuation tokens; CIDEr-D then splits at whitespace.
 
-Segmenters (`SEGMENTERS`):
-- zh: one token per non-space character: spaCy's default Chinese tokenizer (`segmenter = "char"`), which the
-  reference evaluation uses (no package needed);
-- ja: TinySegmenter (`tinysegmenter` on PyPI, 17 kB, pure Python, no dictionary): the reference uses spaCy's
-  Japanese tokenizer, i.e. SudachiPy with its ~70 MB dictionary (a Rust extension), not installable as a small
-  pure-Python dependency; TinySegmenter's words differ from Sudachi's in places, so Japanese CIDEr is close to, not
-  identical with, the reference's;
-- th: PyThaiNLP's `newmm` word tokenizer (`pythainlp`, pure Python, no dependencies), exactly what spaCy's Thai
-  tokenizer calls, so Thai tokens equal the reference's.
+Segmenters (`SEGMENTERS`; spaCy itself is not needed: what its tokenizers do is done here with the libraries
+they call, and the words each yields are the same):
+- zh: spaCy's default Chinese tokenizer (`segmenter = "char"`): every character a word, whitespace left out;
+  Latin letters and digits are single characters too ("T恤" -> "T 恤", "2个" -> "2 个");
+- ja: spaCy's Japanese tokenizer: SudachiPy, split mode A (spaCy's default, `split_mode = None`), its default
+  dictionary `sudachidict_core`; the words are the morphemes' surface forms, empty and whitespace ones left out;
+- th: spaCy's Thai tokenizer: PyThaiNLP's `word_tokenize` as spaCy calls it (its defaults: engine `newmm`, named
+  here, whitespace kept as words), the words joined by spaces as they come.
+Whitespace words change nothing after step 2 (both PTB steps split at every whitespace character), so leaving
+them out of zh / ja is exact. The versions of the packages are recorded with each result (`rule_tools`):
+Japanese words depend on the dictionary's version.
+
+The PTB step has two implementations: `ptb_jar` runs pycocoevalcap's own `PTBTokenizer` (the default: what the
+reference runs; it needs Java), and `ptb.tokens` follows the jar in Python for machines without Java (the
+`cider-pyptb` rule; docs/suite.md lists where it differs, tests/test_suite_ptb.py measures it against the jar).
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 import unicodedata
+import warnings
 from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
 
-CLITICS = re.compile(r"^(.+?)(n't|'s|'re|'ve|'ll|'d|'m)$")
+from volta_ml.engine.failures import UsageError
+
+from . import ptb
+
 ARTICLES = {"a", "an", "the"}
 NUMBER_WORDS = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
                 "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
+INSTALL = "pip install 'volta-ml[suite]'"
 
 
 def is_punct(char: str) -> bool:
     return unicodedata.category(char).startswith("P")
 
 
-def ptb_tokens(text: str) -> list[str]:
-    """pycocoevalcap's PTBTokenizer step without Java: lower case, whitespace split, punctuation at word edges
-    split off, English clitics split off, punctuation tokens dropped."""
-    out: list[str] = []
-    for word in text.lower().replace("’", "'").split():
-        start, end = 0, len(word)
-        while start < end and is_punct(word[start]):
-            start += 1
-        while end > start and is_punct(word[end - 1]):
-            end -= 1
-        core = word[start:end]
-        if not core:
-            continue
-        match = CLITICS.match(core)
-        out += [match.group(1), match.group(2)] if match and not all(map(is_punct, match.group(1))) else [core]
-    return out
-
-
-def _chinese(text: str) -> list[str]:
-    return [c for c in text if not c.isspace()]
+# --- word segmentation (spaCy's tokenizers of zh / ja / th, as the reference calls them) --------------------------
+def _chinese(text: str) -> str:
+    return " ".join(c for c in text if not c.isspace())
 
 
 @lru_cache(maxsize=1)
-def _tinysegmenter():
-    import tinysegmenter
+def _sudachi():
+    import sudachipy
 
-    return tinysegmenter.TinySegmenter()
-
-
-def _japanese(text: str) -> list[str]:
-    return [w for w in _tinysegmenter().tokenize(text) if w.strip()]
+    with warnings.catch_warnings():          # sudachipy >= 0.7 calls create() deprecated; spaCy still calls it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return sudachipy.Dictionary().create(mode=sudachipy.SplitMode.A)
 
 
-def _thai(text: str) -> list[str]:
+def _japanese(text: str) -> str:
+    return " ".join(m.surface() for m in _sudachi().tokenize(text) if m.surface() and not m.surface().isspace())
+
+
+def _thai(text: str) -> str:
     from pythainlp.tokenize import word_tokenize
 
-    return [w for w in word_tokenize(text, engine="newmm") if w.strip()]
+    return " ".join(word_tokenize(text, engine="newmm"))
 
 
 SEGMENTERS = {"zh": _chinese, "ja": _japanese, "th": _thai}
+# language -> (what the segmenter is, the packages it needs: the first is imported to check it is there)
+SEGMENTER_PACKAGES = {
+    "zh": ("one word per character (spaCy's char segmenter)", ()),
+    "ja": ("SudachiPy, split mode A, dictionary sudachidict_core (spaCy's Japanese tokenizer)",
+           ("sudachipy", "sudachidict_core")),
+    "th": ("PyThaiNLP word_tokenize, engine newmm (spaCy's Thai tokenizer)", ("pythainlp",)),
+}
+
+
+def prepare(text: str, lang: str, segment: bool = True) -> str:
+    """A caption as the reference hands it to the PTB tokenizer: zh / ja / th split into words joined by spaces
+    (`segment`), then NFC."""
+    if segment and lang in SEGMENTERS:
+        text = SEGMENTERS[lang](text)
+    return unicodedata.normalize("NFC", text)
+
+
+def segmenter_versions(lang: str) -> dict:
+    """The segmenter of `lang` and the versions of its packages; one UsageError line naming what to install when
+    one is missing."""
+    if lang not in SEGMENTER_PACKAGES:
+        return {}
+    what, packages = SEGMENTER_PACKAGES[lang]
+    versions = {}
+    for package in packages:
+        try:
+            __import__(package)
+            versions[package] = metadata.version(package)
+        except ImportError:
+            raise UsageError(f"CIDEr for {lang!r} segments words as the reference evaluation does ({what}), which "
+                             f"needs {' and '.join(packages)}: {INSTALL} (or pip install {' '.join(packages)})") from None
+    return {"segmenter": what, **versions}
+
+
+# --- the PTB step: pycocoevalcap's PTBTokenizer (Java) ----------------------------------------------------------
+# characters the jar ends a line at besides "\n" (which pycocoevalcap's wrapper already replaces by a space): in a
+# caption they would start another line and shift every later caption onto another caption's tokens
+JAR_LINE_BREAKS = re.compile("[\r\x0b\x0c\x85\u2028\u2029]")
+
+
+@lru_cache(maxsize=1)
+def jar_versions() -> dict:
+    """pycocoevalcap's PTBTokenizer can run: the package, its jar, Java on PATH, a writable jar folder (the wrapper
+    writes its temporary file there). Returns what it runs with; one UsageError line naming the fix otherwise."""
+    other = "or score with --rule cider-pyptb (the PTB step in Python, docs/suite.md)"
+    try:
+        from pycocoevalcap.tokenizer import ptbtokenizer
+    except ImportError:
+        raise UsageError(f"CIDEr needs the pycocoevalcap package: {INSTALL}") from None
+    folder = Path(ptbtokenizer.__file__).parent
+    jar = folder / ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR
+    if not jar.is_file():
+        raise UsageError(f"pycocoevalcap's PTBTokenizer jar is missing ({jar}): reinstall pycocoevalcap, {other}")
+    java = shutil.which("java")
+    if java is None:
+        raise UsageError("the cider rule tokenises with pycocoevalcap's PTBTokenizer, a Java program, and no java is "
+                         f"on PATH: install a Java runtime (e.g. apt install default-jre-headless), {other}")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"pycocoevalcap's PTBTokenizer writes its temporary file next to its jar, in {folder}, "
+                         f"which is not writable: install pycocoevalcap where you can write, {other}")
+    probe = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=120)
+    version = (probe.stderr or probe.stdout).strip().splitlines()
+    return {"pycocoevalcap": metadata.version("pycocoevalcap"), "ptb_jar": jar.name,
+            "java": version[0] if version else java}
+
+
+def ptb_jar(captions: list[str]) -> list[str]:
+    """pycocoevalcap's `PTBTokenizer.tokenize` on `captions` in one call (one Java process), in their order: one
+    string of tokens per caption, punctuation tokens removed, as the reference scores them."""
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    if not captions:
+        return []
+    lines = {i: [{"caption": JAR_LINE_BREAKS.sub(" ", c)}] for i, c in enumerate(captions)}
+    tokenized = PTBTokenizer().tokenize(lines)
+    if len(tokenized) != len(captions) or any(len(tokenized.get(i, ())) != 1 for i in range(len(captions))):
+        raise RuntimeError(f"pycocoevalcap's PTBTokenizer returned {sum(map(len, tokenized.values()))} lines for "
+                           f"{len(captions)} captions: did java fail? (its messages are above)")
+    return [tokenized[i][0] for i in range(len(captions))]
 
 
 def caption_tokens(text: str, lang: str, segment: bool = True) -> list[str]:
-    """The CIDEr tokens of a caption in `lang`: NFC, word segmentation for zh / ja / th (`segment`), PTB step."""
-    text = unicodedata.normalize("NFC", text.replace("\n", " "))
-    if segment and lang in SEGMENTERS:
-        text = " ".join(SEGMENTERS[lang](text))
-    return ptb_tokens(text)
+    """The CIDEr tokens of a caption under `cider-pyptb`: `prepare`, then the PTB step in Python (`ptb.tokens`)."""
+    return ptb.tokens(prepare(text, lang, segment))
 
 
+# --- answers ----------------------------------------------------------------------------------------------------
 def answer_words(text: str) -> list[str]:
     """An answer's words for exact matching: NFKC (full-width forms folded), lower case, every punctuation mark a
     space."""
