@@ -346,3 +346,20 @@ def test_parts_and_their_learning_rates(inputs):
         assert len(merger) == 1 and (lr is None) == merger.pop()     # the projector at --lr, the tower at 1e-5
         assert (decay == 0.0) == all(n.endswith("bias") for n in names)
     assert len(finetune.shard_units(model)) == 3                       # 1 vision block, 2 decoder layers
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("lora_r", "another model's resume file (saved from model {qwen} (qwen2_vl), LoRA r 4 on q_proj,v_proj"),
+    ("ddp_file", "written by a --sharding ddp run (or by VOLTA); resume it with --sharding ddp"),
+])
+def test_a_resume_state_that_does_not_fit_is_one_line(runs, inputs, tmp_path, capsys, case, expected):
+    from volta_ml.cli import main
+    d, _, _ = runs
+    source, extra = ("lora", ["--lora_r", "8"]) if case == "lora_r" else ("lora_ddp", [])
+    path = d[source] / "save" / RUN["lora"] / "pytorch_ckpt_latest.tar"
+    capsys.readouterr()
+    code = main(["train", *_argv(inputs, "lora", tmp_path, *FSDP, *extra, "--resume_file", str(path))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith(f"volta-ml train: error: --resume_file {path}: "), err[-3:]
+    assert expected.format(qwen=inputs["qwen"]) in err[-1], err[-1]
+    assert not (tmp_path / "save" / RUN["lora"] / "pytorch_model_0.bin").exists()
