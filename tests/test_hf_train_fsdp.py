@@ -16,7 +16,6 @@ transformers / peft and compute what the trained model computes (and the full ex
 through `volta-ml iglue-hf`).
 """
 import json
-import os
 import re
 import signal
 import subprocess
