@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,17 +81,41 @@ def test_demo_help_explains_stages_and_real_data():
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "out"
-    # the README's command at the reduced size, with this process's share of the cores (under `pytest -n 2` a
-    # second worker runs beside it: more threads than cores made this run 4x slower in CI)
-    threads = os.environ.get("OMP_NUM_THREADS", "2")
-    proc = _cli("demo", "--size", "small", "--seed", "0", "--out", str(out), "--threads", threads)
+    """The README's command at the reduced size, stopped by SIGTERM part-way through training (a laptop user, a
+    time limit) and run again into the same --out: (out, the resumed run, (the stopped run's exit code, stderr))."""
+    tmp = tmp_path_factory.mktemp("demo")
+    out = tmp / "out"
+    # this process's share of the cores (under `pytest -n 2` a second worker runs beside it: more threads than
+    # cores made this run 4x slower in CI)
+    argv = ("demo", "--size", "small", "--seed", "0", "--out", str(out), "--threads",
+            os.environ.get("OMP_NUM_THREADS", "2"))
+    log = out / "train" / "XVNLI_ctrl_uniter_base_demo" / "out.txt"
+    with open(tmp / "stopped.err", "w") as err, open(tmp / "stopped.out", "w") as std:   # files: no pipe fills up
+        stopped = subprocess.Popen([sys.executable, "-m", "volta_ml.cli", *argv], cwd=REPO, stdout=std, stderr=err,
+                                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+        deadline = time.monotonic() + 900
+        while stopped.poll() is None and time.monotonic() < deadline and \
+                not (log.is_file() and "Ep:" in log.read_text()):     # 20 training steps logged
+            time.sleep(0.2)
+        stopped.send_signal(signal.SIGTERM)
+        stopped.wait(timeout=300)
+    proc = _cli(*argv)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc
+    return out, proc, (stopped.returncode, (tmp / "stopped.err").read_text())
+
+
+def test_demo_stopped_by_sigterm_says_so_in_one_line_and_resumes(small_run):
+    _, resumed, (code, err) = small_run
+    assert code == 143 and "Traceback" not in err and "--resume_file" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        "volta-ml demo: error: stopped by SIGTERM; run the same command again (same --out, --size and --seed) to "
+        "resume: the finished stages are kept and training continues from its last saved step")
+    assert "resuming the stopped run there (finished: data, extract)" in resumed.stdout
+    assert "Resumed from " in resumed.stderr and "[extract] reusing " in resumed.stdout
 
 
 def test_demo_small_runs_every_stage(small_run):
-    out, proc = small_run
+    out, proc, _ = small_run
     for name in ("results.json", "results.md", "results.png", "records.json", "demo_tasks.yml",
                  "ctrl_uniter_demo.json", "tables/XVNLI_0.csv", "tables/XVNLI_0.mt.csv", "tables/XVNLI_0.md",
                  "plots/XVNLI_languages.png", "plots/XVNLI_mt_gap.png", "data/boxes.json",
@@ -114,7 +140,7 @@ def test_demo_small_runs_every_stage(small_run):
 
 def test_demo_small_learns_from_the_pictures(small_run):
     """Even the reduced run beats the best text-only guess, and loses that margin when images are shuffled."""
-    out, _ = small_run
+    out, _, _ = small_run
     scores = json.loads((out / "results.json").read_text())["scores"]
     chance = json.loads((out / "results.json").read_text())["chance"]
     assert scores["en"] > chance["text_only"] + 5, scores

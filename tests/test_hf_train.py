@@ -224,9 +224,9 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(tmp_path, models, fli
     proc = subprocess.Popen([sys.executable, ENTRY, *_argv(tmp_path, models, flickr)], cwd=tmp_path,
                             env=train_env(HF_TRAIN_SLEEP="0.25"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    marker = tmp_path / "save" / RUN_NAME / "out.txt"
-    deadline = time.time() + 120
-    while not marker.exists() and time.time() < deadline:   # out.txt appears once training starts
+    marker = tmp_path / "save" / RUN_NAME / "pytorch_ckpt_latest.tar"
+    deadline = time.time() + 180
+    while not marker.exists() and time.time() < deadline:   # the initial save comes right before the first step
         time.sleep(0.05)
     assert marker.exists(), "training never started"
     time.sleep(random.uniform(0.4, 2.0))

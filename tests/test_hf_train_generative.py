@@ -177,9 +177,9 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(tmp_path, models, xvn
                             text=True)
     run = tmp_path / "save" / RUN_NAME
     deadline = time.time() + 180
-    while not (run / "out.txt").exists() and time.time() < deadline:   # out.txt appears once training starts
-        time.sleep(0.05)
-    assert (run / "out.txt").exists(), "training never started"
+    while not (run / "pytorch_ckpt_latest.tar").exists() and time.time() < deadline:   # the initial save comes
+        time.sleep(0.05)                                                                  # right before step 1
+    assert (run / "pytorch_ckpt_latest.tar").exists(), "training never started"
     time.sleep(random.uniform(0.4, 2.0))
     proc.kill()
     proc.communicate()
@@ -272,6 +272,24 @@ def test_bad_input_is_one_line_with_exit_2(tmp_path, models, xvnli, capsys, case
     assert code == 2, err[-3:]
     assert err[-1].startswith("volta-ml train: error: ") and expected in err[-1], err[-1]
     assert not (tmp_path / "save" / RUN_NAME / "out.txt").exists()
+
+
+def test_an_image_that_cannot_be_decoded_stops_training_in_one_line(tmp_path, models, xvnli, capsys):
+    """Training does not skip an undecodable photo (that would change what is trained on; iglue-hf and cvqa score
+    score such an example without its image instead): one line naming the file, exit code 2."""
+    import shutil
+
+    from volta_ml.cli import main
+    data, images = xvnli
+    shutil.copytree(images, tmp_path / "images")
+    bad = tmp_path / "images" / "2005.jpg"            # a training photo, cut short
+    bad.write_bytes(bad.read_bytes()[:100])
+    argv = _argv(tmp_path, models, (data, tmp_path / "images"))
+    code = main(["train", *argv])
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert line.startswith(f"volta-ml train: error: {bad}: cannot decode the image (") and "replace the file" in line
 
 
 def test_iglue_hf_adapter_missing_is_one_line_with_exit_2(tmp_path, models, xvnli, capsys):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from volta_ml.options import OneLineParser
+
 # Modules that register subcommands: the VOLTA-compatible front ends in this package, then each area's cli.
 COMMAND_MODULES = [
     "volta_ml.models.cli",
@@ -30,7 +32,7 @@ COMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(        # usage errors of every subcommand: one line (volta_ml/options.py)
         prog="volta-ml",
         description="Train and evaluate vision-and-language BERTs on VOLTA/IGLUE files.",
     )

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from volta_ml.engine.failures import UsageError
+from volta_ml.options import int_at_least
 
 
 def register(subparsers) -> None:
@@ -23,7 +24,7 @@ def register(subparsers) -> None:
     p.add_argument("--row_a", default=None, help="the row (model) of RUN_A to compare, where a table has several")
     p.add_argument("--row_b", default=None, help="the row (model) of RUN_B")
     p.add_argument("--out", default=None, help="also write compare.csv / compare.md (CVQA: cvqa_compare.*) here")
-    p.add_argument("--digits", type=int, default=2)
+    p.add_argument("--digits", type=int_at_least(0), default=2)
     add_stat_flags(p)
     p.set_defaults(func=cmd_compare)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from volta_ml.cli.flags import (
-    VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags,
+    VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags, int_at_least,
 )
 from volta_ml.engine.retrieval_job import run_eval_retrieval
 
@@ -32,7 +32,7 @@ def add_eval_retrieval_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--val_features_lmdbpath", type=str, default="")
     group.add_argument("--split", type=str, default="",
                        help="result-file prefix (default: the task config's val_split; VOLTA requires it)")
-    group.add_argument("--num_subiters", type=int, default=2,
+    group.add_argument("--num_subiters", type=int_at_least(1), default=2,
                        help="VOLTA's gallery chunks per forward; only numbers the running lines here")
     group.add_argument("--caps_per_image", type=int, default=5, help="unused (as VOLTA): taken from the file")
     group.add_argument("--zero_shot", action="store_true",
@@ -46,9 +46,9 @@ def add_eval_retrieval_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--local-rank", dest="local_rank", type=int, help=argparse.SUPPRESS)
     add_volta_ml_flags(parser)
     extra = parser.add_argument_group("volta-ml retrieval extras")
-    extra.add_argument("--pair_batch", type=int, default=None,
+    extra.add_argument("--pair_batch", type=int_at_least(1), default=None,
                        help="(caption, image) pairs per forward (default 256 on CPU, 1024 on CUDA)")
-    extra.add_argument("--captions_per_chunk", type=int, default=64,
+    extra.add_argument("--captions_per_chunk", type=int_at_least(1), default=64,
                        help="captions per saved chunk of the score matrix (the unit of resuming and sharding)")
     extra.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
                        help="autocast precision (default fp32; --amp means fp16 on CUDA, bf16 on CPU)")
@@ -58,10 +58,10 @@ def add_eval_retrieval_flags(parser: argparse.ArgumentParser) -> None:
                        help="where finished chunks are kept for resuming (default <result dir>/<split>_chunks)")
     extra.add_argument("--no_resume", action="store_true", help="discard saved chunks and start over")
     extra.add_argument("--keep_chunks", action="store_true", help="keep the chunk folder after success")
-    extra.add_argument("--shortlist", type=int, default=0,
+    extra.add_argument("--shortlist", type=int_at_least(0), default=0,
                        help="NON-STANDARD fast mode: re-rank only the K best images per caption by a cheap "
                             "score (the cross-encoder on --shortlist_regions regions); not comparable to IGLUE")
-    extra.add_argument("--shortlist_regions", type=int, default=10)
+    extra.add_argument("--shortlist_regions", type=int_at_least(1), default=10)
     extra.add_argument("--no_prefix_reuse", action="store_true",
                        help="run every sub-layer per pair even for dual-stream models (for checking)")
     extra.add_argument("--no_running_lines", action="store_true", help="skip the per-caption '<i> Final' lines")

@@ -16,32 +16,22 @@ import sys
 import warnings
 
 from volta_ml.data.text import VOLTA_DEFAULT_TOKENIZER
+# the bounded argparse types, used here and by every command line (imported from here or from volta_ml.options)
+from volta_ml.options import SEED, OneLineParser, float_in, int_at_least, json_object  # noqa: F401
 
 
-def int_at_least(minimum: int):
-    """argparse `type`: an integer >= minimum (a usage error, exit code 2, otherwise)."""
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text}")
-        return value
-    parse.__name__ = f"integer >= {minimum}"
-    return parse
-
-
-def json_object(text: str) -> dict:
-    """argparse `type`: a JSON object (`--extra`, `--hf_extra`)."""
-    import json
-    try:
-        value = json.loads(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
+def backend_options(text: str) -> dict:
+    """argparse `type`: a JSON object of backend options (`ModelSpec.extra`: `--extra`, `--hf_extra`) whose known
+    keys have the type the backends read (`volta_ml.hf.base.EXTRA_OPTIONS`): `{"max_images": "lots"}` is refused."""
+    value = json_object(text)
+    from volta_ml.hf.base import extra_option_error   # here: torch loads only when the flag is given
+    problem = extra_option_error(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 
-class VoltaArgumentParser(argparse.ArgumentParser):
+class VoltaArgumentParser(OneLineParser):
     """argparse with VOLTA-friendly errors. Also usable as a `volta-ml` subcommand parser: set
     `sub.__class__ = VoltaArgumentParser` after `add_parser` (argparse offers no other hook)."""
 
@@ -92,7 +82,7 @@ def add_task_flags(parser: argparse.ArgumentParser) -> None:
                        help="VOLTA's in-RAM feature cache switch (type=bool: any value turns it on); "
                             "accepted for compatibility, volta-ml's stores need no separate path")
     group.add_argument("--drop_last", action="store_true")
-    group.add_argument("--seed", type=int, default=42)
+    group.add_argument("--seed", type=SEED, default=42)
     group.add_argument("--local_rank", type=int, default=-1)
 
 

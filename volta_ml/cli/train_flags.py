@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from volta_ml.cli.flags import (
-    VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags, int_at_least, json_object,
+    VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags, backend_options, float_in, int_at_least,
 )
 
 
@@ -48,18 +48,18 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--max_val_batches", type=int, default=-1, help="epoch-end validation evaluates N-1 batches (VOLTA)")
     add("--eval_steps", type=int_at_least(2), default=sys.maxsize, help="mid-epoch validation period (VOLTA's rule)")
     add("--cache", type=int, default=5000, help="serialized loaders: shuffle/prefetch buffer")
-    add("--lr", type=float, default=None, help="learning rate (default: task config lr)")
+    add("--lr", type=float_in(), default=None, help="learning rate (default: task config lr)")
     add("--lr_scheduler", default="warmup_linear", help="warmup_linear, anything else: warmup then constant")
-    add("--warmup_proportion", type=float, default=0.1, help="warmup steps = proportion x total steps")
-    add("--warmup_steps", type=float, default=None, help="absolute warmup steps (overrides the proportion)")
+    add("--warmup_proportion", type=float_in(0, 1), default=0.1, help="warmup steps = proportion x total steps")
+    add("--warmup_steps", type=float_in(0), default=None, help="absolute warmup steps (overrides the proportion)")
     add("--num_workers", type=int_at_least(0), default=16, help="training DataLoader workers (divided by world size)")
     add("--num_val_workers", type=int_at_least(0), default=2, help="validation DataLoader workers")
     add("--optim", default="AdamW", help="AdamW or RAdam")
-    add("--adam_epsilon", type=float, default=1e-6)
-    add("--adam_betas", type=float, nargs="+", default=[0.9, 0.999])
+    add("--adam_epsilon", type=float_in(0), default=1e-6)
+    add("--adam_betas", type=float_in(0, 1, open_high=True), nargs="+", default=[0.9, 0.999])
     add("--adam_correct_bias", action="store_true", help="Adam bias correction (VOLTA default: off)")
-    add("--weight_decay", type=float, default=0.01)
-    add("--clip_grad_norm", type=float, default=0.0, help="clip the total gradient norm when > 0")
+    add("--weight_decay", type=float_in(0), default=0.01)
+    add("--clip_grad_norm", type=float_in(0), default=0.0, help="clip the total gradient norm when > 0")
 
     # --- volta-ml additions ------------------------------------------------------------
     add("--amp", choices=["none", "bf16", "fp16"], default="none",
@@ -69,7 +69,7 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
              "close to but not bit-identical with VOLTA")
     add("--compile", action="store_true",
         help="torch.compile the model (the first steps compile; pays off on long runs, see docs/training.md)")
-    add("--checkpoint_every_steps", type=int, default=0,
+    add("--checkpoint_every_steps", type=int_at_least(0), default=0,
         help="also write pytorch_ckpt_latest.tar every N optimizer steps (0: at epoch ends only)")
     add("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available; under torchrun/Slurm "
                                        "each process takes cuda:<local rank>)")
@@ -91,15 +91,15 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     hf.add_argument("--images", default="", help="image root of the training and validation images")
     hf.add_argument("--image_template", default=None, help="image path under --images with {id} {file} "
                                                            "(default per task, as volta-ml iglue-hf; NLVR2: {file})")
-    hf.add_argument("--hf_val_gallery", type=int, default=100,
+    hf.add_argument("--hf_val_gallery", type=int_at_least(2), default=100,
                     help="dual encoders' validation score: text->image R@1 within galleries of this many images")
     hf.add_argument("--hf_lang", default="en",
                     help="language of the training file (a few-shot file xFlickrCO/annotations/<lang>/"
                          "train_<shot>.jsonl): {lang} of the image template")
-    hf.add_argument("--hf_extra", type=json_object, default=None, metavar="JSON",
+    hf.add_argument("--hf_extra", type=backend_options, default=None, metavar="JSON",
                     help="backend options, as volta-ml iglue-hf --extra: M-CLIP's "
                          '\'{"image_model": ..., "text_base": ...}\'')
-    hf.add_argument("--hf_temperature", type=float, default=None,
+    hf.add_argument("--hf_temperature", type=float_in(), default=None,
                     help="M-CLIP: fixed InfoNCE temperature (default 0.01: CLIP's final logit scale 100)")
     hf.add_argument("--hf_train_image_tower", action="store_true",
                     help="M-CLIP: train the CLIP image tower too (frozen by default; hf_best/ then holds a copy)")
@@ -119,9 +119,9 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                            "LoRA, language,projector with --finetune full)")
     lora.add_argument("--part_lr", default=None, metavar="PART=LR,...",
                       help="a learning rate per part, e.g. vision=2e-6,projector=1e-4 (the others: --lr)")
-    lora.add_argument("--lora_r", type=int, default=8, help="LoRA rank")
-    lora.add_argument("--lora_alpha", type=float, default=16, help="LoRA scale numerator (scale = alpha / r)")
-    lora.add_argument("--lora_dropout", type=float, default=0.05, help="dropout on LoRA's input")
+    lora.add_argument("--lora_r", type=int_at_least(1), default=8, help="LoRA rank")
+    lora.add_argument("--lora_alpha", type=float_in(0, open_low=True), default=16, help="LoRA scale numerator (scale = alpha / r)")
+    lora.add_argument("--lora_dropout", type=float_in(0, 1, open_high=True), default=0.05, help="dropout on LoRA's input")
     lora.add_argument("--lora_target", default=None,
                       help="comma-separated names of the language model's linear layers LoRA adapts "
                            "(default per family: q_proj,v_proj)")

@@ -80,8 +80,8 @@ def run_backend(args_dict: dict) -> str | None:
             return None
         path = _write_results(args, dataset, scorer, header, scores, failures, timing, out_dir)
         if failures:
-            print(f"CVQA: {len(failures)} photo(s) failed to decode (first: {next(iter(failures.items()))}); "
-                  f"listed in {path} (failed_images), their questions scored without the image", file=sys.stderr)
+            from volta_ml.hf.photos import failure_line
+            print(f"CVQA: {failure_line(failures, path)}", file=sys.stderr)
         print(f"{len(dataset.questions)} questions x {len(passes)} passes in {time.time() - started:.1f} s",
               file=sys.stderr)
         return path
@@ -176,26 +176,14 @@ def photo_batches(dataset: CVQADataset, chunk, batch_size: int, need_photos: boo
 
 
 def decode_photo(data: bytes, image_id: str, args: dict, failed: dict):
-    """RGB `PIL.Image` (EXIF orientation applied, as `datasets` decodes; transparency on white, `photo_rgb`), or
-    None (reason put in `failed`)."""
-    from PIL import Image, ImageOps
+    """RGB `PIL.Image` (EXIF orientation applied, as `datasets` decodes; transparency on white), or None with the
+    reason in `failed` (`hf.photos.decode_photo`, the mechanism iglue-hf shares)."""
+    from PIL import Image
 
-    from volta_ml.features.images import ImageError
-    from volta_ml.hf.loading import photo_rgb
+    from volta_ml.hf.photos import decode_photo as decode
 
-    try:
-        with Image.open(io.BytesIO(data)) as probe:
-            width, height = probe.size
-        if width * height > args["max_pixels"]:
-            raise ImageError(f"{width}x{height} pixels exceeds --max-pixels {args['max_pixels']} (possible "
-                             "decompression bomb)")
-        image = photo_rgb(ImageOps.exif_transpose(Image.open(io.BytesIO(data))))
-        if args["max_side"] and max(image.size) > args["max_side"]:
-            image.thumbnail((args["max_side"], args["max_side"]), Image.Resampling.BICUBIC)
-        return image
-    except Exception as err:   # one bad photo must not end the run: it is listed and scored as missing
-        failed[image_id] = f"{type(err).__name__}: {err}"
-        return None
+    return decode(lambda: Image.open(io.BytesIO(data)), image_id, failed=failed, max_pixels=args["max_pixels"],
+                  max_side=args["max_side"], exif=True)
 
 
 def resume_fingerprint(header: dict, dataset: CVQADataset, args: dict) -> dict:

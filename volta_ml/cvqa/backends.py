@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -214,12 +215,15 @@ class ImportedPredictions:
 
 
 def read_predictions(path: str, known_ids: set[str], strict_ids: bool = True) -> dict[str, int]:
-    """`ID,Prediction` rows -> {ID: option index}; a bad row is a one-line error naming the file and line."""
+    """`ID,Prediction` rows -> {ID: option index}; a bad row is a one-line error naming the file and line (a file
+    that is not UTF-8: the byte offset, `data.annotations.read_text`)."""
+    from volta_ml.data.annotations import read_text
+
     if not Path(path).is_file():
         raise FileNotFoundError(f"--predictions {path}: no such file")
     out: dict[str, int] = {}
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
+    reader = csv.reader(io.StringIO(read_text(path, "prediction file"), newline=""))
+    try:
         header = [h.strip() for h in next(reader, [])]
         if header[:2] != ["ID", "Prediction"]:
             raise UsageError(f"{path} line 1: expected the header ID,Prediction, got {','.join(header)!r}")
@@ -238,6 +242,8 @@ def read_predictions(path: str, known_ids: set[str], strict_ids: bool = True) ->
             if qid in out:
                 raise UsageError(f"{path} line {line}: ID {qid!r} appears twice")
             out[qid] = int(value)
+    except csv.Error as err:
+        raise UsageError(f"{path} line {reader.line_num}: not CSV ({err})") from None
     return out
 
 

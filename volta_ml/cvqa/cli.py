@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+from volta_ml.cli.flags import int_at_least
 from volta_ml.engine.failures import UsageError
 from volta_ml.features.detectors.presets import PRESETS
 from volta_ml.hf.base import LETTER_SPELLINGS
@@ -33,10 +34,10 @@ def register(subparsers) -> None:
     ex.add_argument("--weights", required=True, help="detector weights (.pkl / .pth / converted .safetensors)")
     ex.add_argument("--out", required=True, help="native feature store to create or resume")
     ex.add_argument("--device", default="auto")
-    ex.add_argument("--max-pixels", type=int, default=None, help="refuse larger images (decompression bombs)")
-    ex.add_argument("--max-side", type=int, default=None, help="shrink photos whose longer side is larger first")
+    ex.add_argument("--max-pixels", type=int_at_least(1), default=None, help="refuse larger images (decompression bombs)")
+    ex.add_argument("--max-side", type=int_at_least(1), default=None, help="shrink photos whose longer side is larger first")
     ex.add_argument("--failures", default=None, help="failure manifest (default <out>.failures.jsonl)")
-    ex.add_argument("--limit", type=int, default=None, help="only the first N questions' images")
+    ex.add_argument("--limit", type=int_at_least(1), default=None, help="only the first N questions' images")
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(func=run_extract_command)
 
@@ -88,27 +89,27 @@ def register(subparsers) -> None:
     hf.add_argument("--letter_layout", "--letter-layout", dest="letter_layout", choices=sorted(LETTER_LAYOUTS),
                     default="paper", help="mllm letter/generate: paper = the options on one line (the paper's "
                     "prompt); lines = one option per line (a named variant, recorded in the results)")
-    hf.add_argument("--chunk-size", dest="chunk_size", type=int, default=256,
+    hf.add_argument("--chunk-size", dest="chunk_size", type=int_at_least(1), default=256,
                     help="questions per resumable chunk (a rerun into --output_dir continues)")
     hf.add_argument("--predictions", nargs="+", default=None, metavar="[CONDITION=]CSV",
                     help="import: ID,Prediction CSV(s) made elsewhere, one per condition")
     sc.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=list(CONDITIONS))
     sc.add_argument("--template", choices=sorted(TEMPLATES), default=None,
                     help="texts of the matching scorers (default: paper for zoo, plain for clip/mclip)")
-    sc.add_argument("--max_seq_length", type=int, default=40)
-    sc.add_argument("--max_region_num", type=int, default=36)
-    sc.add_argument("--batch_size", "--batch-size", dest="batch_size", type=int, default=None,
+    sc.add_argument("--max_seq_length", type=int_at_least(3), default=40)
+    sc.add_argument("--max_region_num", type=int_at_least(1), default=36)
+    sc.add_argument("--batch_size", "--batch-size", dest="batch_size", type=int_at_least(1), default=None,
                     help="zoo: (image, text) rows per forward (default 64); others: questions per forward (8)")
     sc.add_argument("--device", default="auto")
     sc.add_argument("--amp", action="store_true", help="autocast on CUDA")
     sc.add_argument("--no-text-only", dest="text_only", action="store_false", help="skip the blind baseline")
-    sc.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    sc.add_argument("--limit", type=int_at_least(1), default=None, help="only the first N questions")
     sc.add_argument("--output_dir", required=True)
     sc.add_argument("--preset", default=None, choices=sorted(PRESETS), help="with --detector_weights: extract missing images into "
                     "--features first (one command for the whole run)")
     sc.add_argument("--detector_weights", default=None, help="detector weights for --preset")
-    sc.add_argument("--max-side", dest="max_side", type=int, default=None)
-    sc.add_argument("--max-pixels", dest="max_pixels", type=int, default=None)
+    sc.add_argument("--max-side", dest="max_side", type=int_at_least(1), default=None)
+    sc.add_argument("--max-pixels", dest="max_pixels", type=int_at_least(1), default=None)
     sc.add_argument("--no-progress", dest="progress", action="store_false")
     sc.set_defaults(func=run_score_command)
 
@@ -117,7 +118,7 @@ def register(subparsers) -> None:
                         "searched below each DIR) beside the paper's numbers: CSV, Markdown, LaTeX and PNG.")
     rp.add_argument("dirs", nargs="+", metavar="DIR", help="result folders, or folders above them (a sweep's output)")
     rp.add_argument("--out", required=True, help="folder for the tables and figures")
-    rp.add_argument("--digits", type=int, default=2, help="decimals in Markdown and LaTeX (CSV keeps 4)")
+    rp.add_argument("--digits", type=int_at_least(0), default=2, help="decimals in Markdown and LaTeX (CSV keeps 4)")
     rp.add_argument("--paper-row", dest="paper_rows", action="append", default=[], metavar="MODEL=ROW",
                     help="compare the runs of MODEL (as in cvqa_results.json) with the paper's ROW, e.g. "
                     "/models/my-llava=LLaVA-1.5-7B (hub ids of the paper's checkpoints match by themselves)")

@@ -168,10 +168,29 @@ def revision_from_path(root: Path) -> str | None:
 def _image_bytes(cell, shard: Path, row: int) -> bytes:
     """The `datasets` Image struct {bytes, path} (or raw bytes) -> encoded bytes."""
     data = cell.get("bytes") if isinstance(cell, dict) else cell
+    if data is not None and not isinstance(data, bytes):
+        raise CVQAFormatError(f"{shard} row {row}: column image holds {type(data).__name__} {_short(data)}, not "
+                              "the encoded photo (the `datasets` Image struct {bytes, path}, or bytes)")
     if not data:
         raise CVQAFormatError(f"{shard} row {row}: the image has no embedded bytes "
                               f"(path {cell.get('path') if isinstance(cell, dict) else None!r})")
     return data
+
+
+def _short(value, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def parse_label(value, where: str) -> int:
+    """`Label` as the int64 of the release: an option index 0-3, or -1 when hidden. An integral float (a column
+    that passed through pandas) is that integer; anything else (2.5, "2", a missing value) names the row."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value not in (HIDDEN_LABEL, 0, 1, 2, 3):
+        raise CVQAFormatError(f"{where}: Label must be an integer 0-3 or -1 (hidden), got "
+                              f"{type(value).__name__} {_short(value)}")
+    return value
 
 
 def _text(record: dict, column: str, where: str, default: str | None = None) -> str:
@@ -186,9 +205,7 @@ def _text(record: dict, column: str, where: str, default: str | None = None) -> 
 def _question(record: dict, shard: Path, row: int) -> CVQAQuestion:
     where = f"{shard} row {row} (ID {record.get('ID')!r})"
     language, country = parse_subset(record["Subset"], where)
-    label = record["Label"]
-    if label is None or int(label) not in (HIDDEN_LABEL, 0, 1, 2, 3):
-        raise CVQAFormatError(f"{where}: Label must be 0-3 or -1 (hidden), got {label!r}")
+    label = parse_label(record["Label"], where)
     qid = _text(record, "ID", where)
     return CVQAQuestion(
         id=qid, image_id=image_key(qid), language=language, country=country,
@@ -196,7 +213,7 @@ def _question(record: dict, shard: Path, row: int) -> CVQAQuestion:
         question_en=_text(record, "Translated Question", where).strip(),
         options=parse_options(record["Options"], where, "Options"),
         options_en=parse_options(record["Translated Options"], where, "Translated Options"),
-        label=int(label), category=" ".join(_text(record, "Category", where).split()),
+        label=label, category=" ".join(_text(record, "Category", where).split()),
         image_type=_text(record, "Image Type", where, default="unknown").strip() or "unknown",
         shard=shard.name, row=row)
 
@@ -241,6 +258,8 @@ def load_cvqa(root: str | Path, revision: str | None = None, limit: int | None =
     in the path, else "unknown"."""
     import pyarrow.parquet as pq
 
+    if limit is not None and limit < 1:
+        raise ValueError(f"load_cvqa: limit must be at least 1 (or None: every question), got {limit}")
     root = resolve_data(root, revision)
     shards = find_shards(root)
     questions: list[CVQAQuestion] = []
@@ -259,7 +278,9 @@ def load_cvqa(root: str | Path, revision: str | None = None, limit: int | None =
             raise CVQAFormatError(f"{shard}: missing column(s) {missing}; found {sorted(names)}")
         row = 0
         for batch in _batches(shard, batch_size=32):
-            for record in batch.to_pylist():
+            if limit is not None and len(questions) >= limit:
+                break
+            for record in batch.to_pylist()[:None if limit is None else limit - len(questions)]:
                 q = _question(record, shard, row)
                 if q.id in seen_ids:
                     raise CVQAFormatError(f"{shard} row {row}: ID {q.id!r} already seen in {seen_ids[q.id]}")
@@ -274,10 +295,6 @@ def load_cvqa(root: str | Path, revision: str | None = None, limit: int | None =
                     image_digest[image_id] = digest
                 questions.append(q)
                 row += 1
-                if limit is not None and len(questions) >= limit:
-                    break
-            if limit is not None and len(questions) >= limit:
-                break
         if limit is not None and len(questions) >= limit:
             break
     if not questions:

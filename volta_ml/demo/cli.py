@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+
+from volta_ml.options import SEED, OneLineParser, int_at_least
 
 DESCRIPTION = """\
 Run the whole volta-ml pipeline for real on a laptop CPU, with nothing downloaded:
@@ -38,21 +41,46 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                                                                   "the demo's previous files there are replaced")
     parser.add_argument("--size", choices=["small", "full"], default="full",
                         help="full: 600 training scenes, a few minutes on 2 CPU cores; small: 80 (tests, CI)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every stage (data, weights, training)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of every stage (data, weights, training)")
+    parser.add_argument("--threads", type=int_at_least(1), default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or training log lines")
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM outside the training stage (inside it the engine saves its resume file and raises `Preempted`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
+RESUME_HINT = ("run the same command again (same --out, --size and --seed) to resume: the finished stages are kept "
+               "and training continues from its last saved step")
 
 
 def run(args) -> int:
     from volta_ml.demo.pipeline import run_demo
-
+    from volta_ml.engine.failures import report
     from volta_ml.engine.logs import attach_stderr_handler
+    from volta_ml.engine.train_support import Preempted
+
     attach_stderr_handler(logging.getLogger(), logging.WARNING if args.quiet else logging.INFO)
+    previous = signal.signal(signal.SIGTERM, _stop)
     try:
         run_demo(args.out, size=args.size, seed=args.seed, threads=args.threads, progress=not args.quiet)
     except (FileNotFoundError, RuntimeError) as err:
         print(f"volta-ml demo: error: {err}", file=sys.stderr)
         return 1
+    except (Preempted, KeyboardInterrupt) as stop:   # SIGTERM (in training: saved first), Ctrl-C
+        signum = getattr(stop, "signum", signal.SIGINT)
+        report("volta-ml demo", f"stopped by {signal.Signals(signum).name}; {RESUME_HINT}")
+        return 128 + signum
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -65,7 +93,7 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="volta-ml demo", description=DESCRIPTION,
+    parser = OneLineParser(prog="volta-ml demo", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser)
     return run(parser.parse_args(argv))

@@ -178,20 +178,28 @@ def generate(root: str | Path, size: DemoSize, seed: int, languages=words.LANGUA
     boxes_path = root / "boxes.json"
     boxes_path.write_text(json.dumps(all_boxes), encoding="utf-8")
 
-    xvnli = root / "XVNLI"
-    annotations = {
-        "train": _write_jsonl(xvnli / "annotations/en/train.jsonl", xvnli_rows(scenes["train"], "en")),
-        "dev": _write_jsonl(xvnli / "annotations/en/dev.jsonl", xvnli_rows(scenes["dev"], "en")),
-    }
-    for lang in languages:
-        annotations[f"test/{lang}"] = _write_jsonl(xvnli / f"annotations/{lang}/test.jsonl",
-                                                   xvnli_rows(scenes["test"], lang))
-    for lang in languages:
-        if lang != "en":
-            annotations[f"test_mt/{lang}"] = _write_jsonl(
-                xvnli / f"annotations_machine-translate/{lang}/test.jsonl",
-                xvnli_rows(scenes["test"], lang, translated=True))
+    annotations = annotation_paths(root, languages)
+    for key, path in annotations.items():
+        kind, _, lang = key.partition("/")
+        split = "test" if kind.startswith("test") else kind
+        _write_jsonl(path, xvnli_rows(scenes[split], lang or "en", translated=kind == "test_mt"))
     return DemoData(root, images_dir, boxes_path, annotations, scenes)
+
+
+def annotation_paths(root: str | Path, languages=words.LANGUAGES) -> dict[str, Path]:
+    """Where `generate` writes each annotation file: "train", "dev", "test/<lang>", "test_mt/<lang>" (not en)."""
+    xvnli = Path(root) / "XVNLI"
+    paths = {"train": xvnli / "annotations/en/train.jsonl", "dev": xvnli / "annotations/en/dev.jsonl"}
+    paths.update({f"test/{lang}": xvnli / f"annotations/{lang}/test.jsonl" for lang in languages})
+    paths.update({f"test_mt/{lang}": xvnli / f"annotations_machine-translate/{lang}/test.jsonl"
+                  for lang in languages if lang != "en"})
+    return paths
+
+
+def generated(root: str | Path, languages=words.LANGUAGES) -> DemoData:
+    """The files `generate` wrote under `root` earlier (a resumed demo), without the scenes."""
+    root = Path(root)
+    return DemoData(root, root / "images", root / "boxes.json", annotation_paths(root, languages), {})
 
 
 def total_images(size: DemoSize) -> int:

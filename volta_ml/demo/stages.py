@@ -22,12 +22,18 @@ TASK_KEY = "TASK19"      # XVNLI's id in IGLUE's task configs
 FEATURE_DIMS = 64        # region features after PCA whitening (the model's v_feature_size)
 
 
+def extractor_preset():
+    """The extractor preset the demo runs, at its CPU-sized input scale."""
+    from volta_ml.features.detectors.presets import get_preset
+
+    return get_preset(PRESET_NAME).with_settings(**PRESET_SCALE)
+
+
 def extractor(seed: int):
     """(model, preset): the real BUTD detector code with a small, seeded, random-weight trunk."""
     from volta_ml.features.detectors.checkpoints import build_detector
-    from volta_ml.features.detectors.presets import get_preset
 
-    preset = get_preset(PRESET_NAME).with_settings(**PRESET_SCALE)
+    preset = extractor_preset()
     saved_rng = torch.random.get_rng_state()
     torch.manual_seed(seed)
     model = build_detector(preset, with_attributes=True, **BACKBONE_ARCH).eval()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
+from volta_ml.options import int_at_least
+
 from .extract_cli import register_extract
 from .formats import WRITABLE_FORMATS
 
@@ -81,8 +83,8 @@ def register(subparsers) -> None:
     conv.add_argument("--float16", action="store_true", help="native: store features as float16")
     conv.add_argument("--encoding", choices=("raw", "base64"), default="raw",
                       help="volta-lmdb: raw arrays (like h5_to_lmdb.py) or base64 (like npy_to_lmdb.py)")
-    conv.add_argument("--num-imgs", type=int, default=None, help="convert only the first N images")
-    conv.add_argument("--feature-dim", type=int, default=None, help="refuse other feature widths")
+    conv.add_argument("--num-imgs", type=int_at_least(1), default=None, help="convert only the first N images")
+    conv.add_argument("--feature-dim", type=int_at_least(1), default=None, help="refuse other feature widths")
     conv.add_argument("--extractor", default=None, help="native: extractor preset for the metadata")
     conv.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     conv.set_defaults(func=_guard(_convert))
@@ -94,7 +96,7 @@ def register(subparsers) -> None:
 
     ver = sub.add_parser("verify", help="decode every record; counts; NaN/inf check")
     ver.add_argument("store")
-    ver.add_argument("--feature-dim", type=int, default=None)
+    ver.add_argument("--feature-dim", type=int_at_least(1), default=None)
     ver.set_defaults(func=_guard(_verify))
 
     register_extract(sub)

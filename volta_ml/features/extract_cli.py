@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from volta_ml.devices import pick_device
+from volta_ml.options import int_at_least
 
 from .detectors.presets import PRESETS, get_preset
 from .images import DEFAULT_MAX_PIXELS
@@ -39,18 +40,18 @@ def register_extract(subparsers) -> None:
     p.add_argument("--boxes", default=None, help="given-box mode (BUTD): JSON {id: [[x1,y1,x2,y2],...]} "
                    "or .npz with one (N,4) array per image id, raw-image pixels")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:1 ...")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batch-size", type=int_at_least(1), default=None,
                    help="X101 images padded together (preset default; VOLTA used 2; changes features)")
-    p.add_argument("--num-workers", type=int, default=2, help="image decoding worker processes")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--num-workers", type=int_at_least(0), default=2, help="image decoding worker processes")
+    p.add_argument("--threads", type=int_at_least(1), default=None, help="CPU threads for torch")
     p.add_argument("--recursive", action="store_true", help="also list images in subdirectories")
     p.add_argument("--id-style", choices=("stem", "first-dot", "name"), default=None,
                    help="image id from the file name (default: stem for BUTD, first-dot for X101)")
     p.add_argument("--failures", default=None, help="failure manifest (default: <out>.failures.jsonl)")
-    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+    p.add_argument("--max-pixels", type=int_at_least(1), default=DEFAULT_MAX_PIXELS,
                    help="refuse images with more pixels (decompression-bomb guard)")
     p.add_argument("--with-names", action="store_true", help="also store Visual Genome class/attribute names")
-    p.add_argument("--limit", type=int, default=None, help="only the first N images (after sorting)")
+    p.add_argument("--limit", type=int_at_least(1), default=None, help="only the first N images (after sorting)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_extract)
 

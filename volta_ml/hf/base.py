@@ -103,3 +103,34 @@ class ChoiceTokenError(ValueError):
 
 class BackendInputError(ValueError):
     """An input the model cannot take (more images in one prompt than it accepts): a user error, one line."""
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _text(value) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+# The `ModelSpec.extra` options the backends read (`--extra` of iglue-hf, `--hf_extra` of train), with the JSON
+# value each takes: a value of another type is refused before any model loads (`extra_option_error`). Keys not
+# listed here pass through to the backend unchecked.
+EXTRA_OPTIONS = {
+    "max_images": ("an integer >= 1 (images per prompt)", _count),
+    "batch_size": ("an integer >= 1 (dual encoders: images or texts per forward)", _count),
+    "image_model": ("a model folder or hub id (a non-empty string)", _text),
+    "image_revision": ("a commit (a non-empty string)", _text),
+    "text_base": ("a model folder or hub id (a non-empty string)", _text),
+    "letter_spellings": (" or ".join(map(repr, LETTER_SPELLINGS)), lambda v: v in LETTER_SPELLINGS),
+    "enable_thinking": ("true or false", lambda v: isinstance(v, bool)),
+    "chat_template": ("true or false", lambda v: isinstance(v, bool)),
+}
+
+
+def extra_option_error(extra: dict) -> str | None:
+    """What is wrong with the first ill-typed option of `extra` (a ModelSpec.extra), or None."""
+    for key, value in extra.items():
+        if key in EXTRA_OPTIONS and not EXTRA_OPTIONS[key][1](value):
+            return f"{key!r} must be {EXTRA_OPTIONS[key][0]}, got {value!r}"
+    return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from volta_ml.cli.flags import json_object
+from volta_ml.cli.flags import backend_options, int_at_least
 
 from .images import DEFAULT_TEMPLATES
 from .run import PROTOCOLS
@@ -21,7 +21,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--device_map", default=None, help="'auto': accelerate spreads a large model")
-    parser.add_argument("--extra", type=json_object, default=None, metavar="JSON",
+    parser.add_argument("--extra", type=backend_options, default=None, metavar="JSON",
                         help='backend options (ModelSpec.extra), e.g. \'{"max_images": 2}\' for a multi-image model '
                              'of a type trained on one image (LLaVA-Interleave) or \'{"image_model": "..."}\' '
                              'for M-CLIP')
@@ -41,14 +41,14 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                              "(default per task: " + ", ".join(f"{k}: {v}" for k, v in DEFAULT_TEMPLATES.items()) + ")")
     parser.add_argument("--marvl_layout", default="auto", choices=["auto", "canvas", "multi"],
                         help="MaRVL: both images in the prompt (multi) or side by side in one canvas")
-    parser.add_argument("--max_new_tokens", type=int, default=10, help="xgqa generate: answer length limit")
+    parser.add_argument("--max_new_tokens", type=int_at_least(1), default=10, help="xgqa generate: answer length limit")
     add_run_flags(parser, "iglue_hf_results.json")
 
 
 def add_run_flags(parser: argparse.ArgumentParser, results_file: str) -> None:
     """The flags of a run of HF tasks (`volta-ml iglue-hf`, `volta-ml suite`): batches, chunks, output, resume."""
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--chunk_size", type=int, default=64, help="items per saved chunk (unit of resume/shard)")
+    parser.add_argument("--batch_size", type=int_at_least(1), default=8)
+    parser.add_argument("--chunk_size", type=int_at_least(1), default=64, help="items per saved chunk (unit of resume/shard)")
     parser.add_argument("--allow_adapter_base_mismatch", action="store_true",
                         help="mllm: apply an --adapter that records another base model than --model (refused "
                              f"otherwise); the mismatch is recorded in {results_file} (loading_report)")

@@ -97,7 +97,11 @@ READERS = {"xvnli": read_xvnli, "xgqa": read_xgqa, "marvl": read_marvl, "xflickr
 
 
 def read_task(task: str, path: str, lang: str):
-    return READERS[task](path, lang)
+    """The task's examples (or retrieval data) of the file; a file holding none is an `AnnotationError` naming it."""
+    data = READERS[task](path, lang)
+    if not (data.captions if isinstance(data, RetrievalData) else data):
+        raise AnnotationError(f"{path}: no {task} example in this annotation file")
+    return data
 
 
 def image_refs(task_data) -> list[ImageRef]:

@@ -5,12 +5,18 @@ An annotation row names its image(s); `ImageRef` keeps the fields a path templat
 `{file}` (the file name the row gives, or `{id}.jpg`), `{concept}` (MaRVL) and `{lang}` (the row's or the
 run's language). The path of an image is `<image root>/<template>`; `DEFAULT_TEMPLATES` holds one per task,
 matching how the datasets are usually unpacked, and `--image_template` overrides it.
+
+An image file that exists but cannot be decoded (empty, truncated, corrupt) is handled as `cvqa score` handles a
+bad photo (`volta_ml.hf.photos`): when scoring (`ImageSource(..., scoring=True)`, iglue-hf) `load` returns None,
+the example is scored without that image and the file is listed in `failed_images`; when training (the default)
+it is `UnreadableImageError`, one line naming the file.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 
 from volta_ml.engine.failures import UsageError
@@ -42,16 +48,25 @@ class MissingImagesError(FileNotFoundError):
     """Images named by the annotation file are not under the image root; the message lists the first ones."""
 
 
-class ImageSource:
-    """`<root>/<template>` for each `ImageRef`; images come back as RGB `PIL.Image`s."""
+class UnreadableImageError(UsageError):
+    """An image file that exists but cannot be decoded, met while training; the message names the file."""
 
-    def __init__(self, root: str | Path, template: str):
+
+class ImageSource:
+    """`<root>/<template>` for each `ImageRef`; images come back as RGB `PIL.Image`s. With `scoring=True` an
+    image that cannot be decoded comes back as None and `failed` maps its path to the reason."""
+
+    def __init__(self, root: str | Path, template: str, scoring: bool = False):
         self.root, self.template = Path(root), template
+        self.failed: dict[str, str] | None = {} if scoring else None
+        known = ", ".join("{" + k + "}" for k in ImageRef("x").fields())
         try:
             template.format(**ImageRef("x").fields())
         except (KeyError, IndexError) as err:
-            raise UsageError(f"image template {template!r}: unknown field {err}; known: "
-                             f"{', '.join('{' + k + '}' for k in ImageRef('x').fields())}") from None
+            raise UsageError(f"--image_template {template!r}: unknown field {err}; known: {known}") from None
+        except ValueError as err:        # a brace left open or unmatched: str.format's own words
+            raise UsageError(f"--image_template {template!r}: not a path template ({err}); fields: {known}, a "
+                             "literal brace is written twice ({{ or }})") from None
 
     def path(self, ref: ImageRef) -> Path:
         return self.root / self.template.format(**ref.fields())
@@ -68,17 +83,37 @@ class ImageSource:
                 f"{len(missing)} of the images {annotation} names are not under {self.root} "
                 f"(template {self.template!r}); first missing: {shown}")
 
-    def load(self, ref: ImageRef) -> Image.Image:
-        """The photo in RGB, transparency composited on white (`hf.loading.photo_rgb`, as HF processors do)."""
-        from volta_ml.hf.loading import photo_rgb   # here: the command line imports this module without torch
+    def load(self, ref: ImageRef) -> Image.Image | None:
+        """The photo in RGB, transparency composited on white (`hf.loading.photo_rgb`, as HF processors do); an
+        undecodable file: None (scoring, recorded in `failed`) or `UnreadableImageError` (training)."""
+        from volta_ml.hf.photos import UnreadablePhoto, decode_photo   # here: the CLI imports this without torch
 
-        with Image.open(self.path(ref)) as image:
-            return photo_rgb(image)
+        path = self.path(ref)
+        try:
+            return decode_photo(lambda: Image.open(path), str(path), failed=self.failed)
+        except UnreadablePhoto as err:
+            raise UnreadableImageError(f"{err}; training reads every image of the annotation file: replace the "
+                                       "file, or remove its rows from the annotations") from None
+
+    def failures(self, refs_per_row) -> np.ndarray:
+        """[rows, images per row] of the decode failures of the rows just loaded ("" = read), saved with the
+        scores of a chunk so that a resumed or sharded run lists them too (`failed_paths`)."""
+        rows = [[(self.failed or {}).get(str(self.path(ref)), "") for ref in refs] for refs in refs_per_row]
+        return np.array(rows, dtype=str).reshape(len(rows), -1)
+
+    def failed_paths(self, reasons: np.ndarray, refs_per_row) -> dict[str, str]:
+        """{path: reason} of every image `failures` marked, in row order."""
+        return {str(self.path(ref)): reason for refs, row in zip(refs_per_row, reasons.tolist())
+                for ref, reason in zip(refs, row) if reason}
 
 
-def side_by_side(left: Image.Image, right: Image.Image, gap: int = 0) -> Image.Image:
+def side_by_side(left: Image.Image | None, right: Image.Image | None, gap: int = 0) -> Image.Image:
     """One canvas with `left` and `right` scaled to the same height (the smaller of the two) and placed
-    next to each other on white: how a single-image model sees a MaRVL pair."""
+    next to each other on white: how a single-image model sees a MaRVL pair. A photo that failed to decode (None)
+    is the blind control's blank image (`hf.loading.blank_image`)."""
+    if left is None or right is None:
+        from volta_ml.hf.loading import blank_image
+        left, right = (blank_image() if im is None else im for im in (left, right))
     height = min(left.height, right.height)
     scaled = [im if im.height == height else im.resize((max(1, round(im.width * height / im.height)), height),
                                                        Image.BICUBIC) for im in (left, right)]

@@ -5,7 +5,9 @@ annotation file (IGLUE's test file, or its `_mt` translation for translate-test)
 under the image root, scores with the backend (dual encoders: retrieval; generative: XVNLI, xGQA, MaRVL),
 sharded over ranks and resumable by chunks, and writes on rank 0:
 - `iglue_hf_results.json`: metrics, rule, prompts version, the rendered prompt of the first example, MaRVL's
-  image layout, backend spec, timing, and for a training run's `hf_best/` which best it holds (`exports`);
+  image layout, backend spec, timing, `failed_images` (image files that failed to decode, each with the reason:
+  their examples were scored without that image, as `cvqa score` does; one stderr line says so), and for a
+  training run's `hf_best/` which best it holds (`exports`);
 - `predictions.jsonl` (generative) or eval_retrieval's `<split>_result.json`, `<split>_others.json`,
   `<split>_scores.npy`, `<split>_retrieval.json` (retrieval);
 - `<split>_items.jsonl`: each item's score (or each query's recall hits; volta_ml/stats.py), for the report's
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
 from volta_ml.hf.export import status as export_status
 from volta_ml.hf.loading import loading_report
+from volta_ml.hf.photos import failure_line
 from volta_ml.options import complete_options
 from volta_ml.protocols.iglue import TASKS
 
@@ -90,12 +94,12 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         raise UsageError("--allow_adapter_base_mismatch: no --adapter to apply")
     annotation = annotation_path(task, lang, protocol, opts["data_root"], opts["annotations"])
     data = read_task(task, annotation, lang)
-    source = ImageSource(opts["images"], opts["image_template"] or DEFAULT_TEMPLATES[task])
+    source = ImageSource(opts["images"], opts["image_template"] or DEFAULT_TEMPLATES[task], scoring=True)
     source.check(image_refs(data), annotation)
     out_dir = Path(opts["output_dir"])
     split = f"test_{lang}" + ("_mt" if protocol == "translate-test" else "")
     work_dir = opts["work_dir"] or str(out_dir / f"{split}_chunks")
-    fingerprint = {"format": 2, "task": task, "rule": rule, "annotations": file_digest(annotation),
+    fingerprint = {"format": 3, "task": task, "rule": rule, "annotations": file_digest(annotation),
                    "images": os.path.abspath(opts["images"]), "template": source.template,
                    "images_stat": stat_digest([source.path(r) for r in dict.fromkeys(image_refs(data))],
                                               opts["images"]),
@@ -144,6 +148,9 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
             results["exports"] = exports
         results["examples_per_second"] = round(results["n_examples"] / max(seconds, 1e-9), 3)
         atomic_write_json(out_dir / "iglue_hf_results.json", results, indent=1, ensure_ascii=False)
+        if results["failed_images"]:
+            print(f"iglue-hf: {failure_line(results['failed_images'], out_dir / 'iglue_hf_results.json')}",
+                  file=sys.stderr)
         if opts["record"]:
             atomic_write_json(out_dir / "result.json", {
                 "id": f"iglue_hf/{results['model']}/{task}/{lang}/{PROTOCOLS[protocol]}",

@@ -27,6 +27,7 @@ from .prompts import OPTIONS, user_turn
 from .scoring import accuracy, get_rule
 
 KIND_OF = (("dual encoder", DualEncoder), ("generative", Generative))
+FAILED = "image_failures"   # the chunk array of images that failed to decode (ImageSource.failures)
 
 
 class BackendTaskError(ValueError):
@@ -73,7 +74,8 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
 
     def score_batch(rows: range) -> dict:
         images = [example_images(examples[i], source, layout) for i in rows]
-        return rule.score(backend, images, prompts[rows.start:rows.stop], context)
+        scored = rule.score(backend, images, prompts[rows.start:rows.stop], context)
+        return {**scored, FAILED: source.failures([examples[i].images for i in rows])}
 
     arrays = score_items(len(examples), score_batch, batch_size=opts["batch_size"], chunk_size=opts["chunk_size"],
                          work_dir=work_dir, fingerprint=dict(fingerprint, layout=layout,
@@ -81,6 +83,7 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
                          info=info, desc=f"{task} {rule_name}", progress=opts["progress"])
     if not info.is_main:
         return None
+    failed = source.failed_paths(arrays.pop(FAILED), [e.images for e in examples])
     predictions = rule.predict(arrays, context)
     gold = [e.label for e in examples]
     score = accuracy(predictions, gold)
@@ -96,7 +99,7 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
     write_items(out_dir / f"{split}_items.jsonl", generative_items(rows, "parse_failure_rate" in metrics))
     log_score(task, score)
     n_images = 1 if layout == "canvas" else len(examples[0].images)   # a MaRVL canvas is one image
-    return {"metrics": metrics, "n_examples": len(examples), "rule_description": rule.describe,
+    return {"metrics": metrics, "n_examples": len(examples), "failed_images": failed, "rule_description": rule.describe,
             "marvl_layout": layout, "first_prompt": prompts[0],
             "first_prompt_rendered": backend.render(prompts[0], n_images),
             "prompt_format": getattr(backend, "prompt_format", None),
@@ -155,24 +158,28 @@ def run_retrieval(backend, data, source, *, info, work_dir, fingerprint, opts, o
 
     batch = max(1, opts["batch_size"])
 
-    def embedder(items, embed):
+    def embedder(items, embed, images=False):
         def compute(rows: range) -> dict:
             parts = []
             for start in range(rows.start, rows.stop, batch):
                 with torch.inference_mode():
                     parts.append(embed(items[start:min(start + batch, rows.stop)]).float().cpu().numpy())
-            return {"embeddings": np.concatenate(parts)}
+            out = {"embeddings": np.concatenate(parts)}
+            return {**out, FAILED: source.failures([[items[i]] for i in rows])} if images else out
         return compute
 
     texts = map_chunks(len(data.captions), opts["chunk_size"], embedder(data.captions, backend.embed_texts),
                        work_dir=f"{work_dir}/texts", fingerprint=fingerprint, info=info, desc="embedding captions",
                        progress=opts["progress"])["embeddings"]
-    images = map_chunks(len(data.images), opts["chunk_size"],
-                        embedder(data.images, lambda refs: backend.embed_images([source.load(r) for r in refs])),
-                        work_dir=f"{work_dir}/images", fingerprint=fingerprint, info=info, desc="embedding images",
-                        progress=opts["progress"])["embeddings"]
+    embedded = map_chunks(len(data.images), opts["chunk_size"],
+                          embedder(data.images, lambda refs: backend.embed_images([source.load(r) for r in refs]),
+                                   images=True),
+                          work_dir=f"{work_dir}/images", fingerprint=fingerprint, info=info,
+                          desc="embedding images", progress=opts["progress"])
     if not info.is_main:
         return None
+    images = embedded["embeddings"]
+    failed = source.failed_paths(embedded[FAILED], [[ref] for ref in data.images])
     scores = texts @ images.T                      # captions x images cosine similarities
     caption_image = np.asarray(data.caption_image, dtype=np.int64)
     report = print_report(scores, caption_image, SimpleNamespace(no_running_lines=True, num_subiters=1, shortlist=0),
@@ -185,5 +192,5 @@ def run_retrieval(backend, data, source, *, info, work_dir, fingerprint, opts, o
     sys.stdout.flush()
     metrics = {f"{prefix}_{k}": v for prefix, key in (("ir", "image_retrieval"), ("tr", "text_retrieval"))
                for k, v in report[key].items()}
-    return {"metrics": metrics, "n_examples": len(data.captions), "n_images": len(data.images),
+    return {"metrics": metrics, "n_examples": len(data.captions), "n_images": len(data.images), "failed_images": failed,
             "rule_description": "cosine similarity of L2-normalised embeddings, each image and caption embedded once"}

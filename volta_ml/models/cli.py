@@ -5,6 +5,8 @@ import time
 
 import torch
 
+from volta_ml.options import int_at_least
+
 from .checkpoint import load_checkpoint, read_state_dict, save_checkpoint, save_state_dict
 from .config import available_configs, load_config
 from .factory import build_model
@@ -38,7 +40,7 @@ def register(subparsers) -> None:
 
     s = sub.add_parser("selftest", help="build a real config, save a VOLTA checkpoint, reload it and run it")
     s.add_argument("config", nargs="?", default="ctrl_uniter_base")
-    s.add_argument("--batch", type=int, default=8)
+    s.add_argument("--batch", type=int_at_least(1), default=8)
     s.set_defaults(func=cmd_selftest)
 
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from volta_ml.cli.flags import VoltaArgumentParser, int_at_least
+from volta_ml.cli.flags import SEED, VoltaArgumentParser, float_in, int_at_least
 
 CONCAP_PROG, WIKI_PROG = "train_concap.py", "train_concap_wiki.py"
 
 
-def _betas(text: str) -> float:
-    return float(text)
+_betas = float_in(0, 1, open_high=True)   # each of --adam_betas, as torch's AdamW requires
 
 
 def add_pretrain_flags(parser: argparse.ArgumentParser, wiki: bool) -> argparse.ArgumentParser:
@@ -34,7 +33,7 @@ def add_pretrain_flags(parser: argparse.ArgumentParser, wiki: bool) -> argparse.
         add("--ann_files", default="datasets/wikipedia/txt/en.20180201.txt", type=str,
             help="comma-separated Wikipedia text files (accepted; VOLTA reads <dataroot>/<lang>.20180201.txt)")
         add("--lgs", type=str, default="en", help="languages lg1-lg2-... (ALL: every <lang>.20180201.txt)")
-        add("--lg_sampling_factor", type=float, default=-1,
+        add("--lg_sampling_factor", type=float_in(), default=-1,
             help="language sampling exponent (-1: languages drawn uniformly)")
     # Model
     if wiki:
@@ -64,15 +63,15 @@ def add_pretrain_flags(parser: argparse.ArgumentParser, wiki: bool) -> argparse.
         add("--train_x_batch_size", default=512, type=int_at_least(1), help="Conceptual Captions batch (total)")
     else:
         add("--train_batch_size", default=512, type=int_at_least(1), help="total batch size")
-    add("--learning_rate", default=1e-4, type=float, help="initial learning rate")
+    add("--learning_rate", default=1e-4, type=float_in(), help="initial learning rate")
     add("--gradient_accumulation_steps", dest="grad_acc_steps", type=int_at_least(1), default=1,
         help="micro-batches per optimizer step (the batch is divided by it)")
-    add("--num_train_epochs", default=10.0, type=float, help="epochs (int(N) are run; N sizes the LR schedule)")
+    add("--num_train_epochs", default=10.0, type=float_in(0), help="epochs (int(N) are run; N sizes the LR schedule)")
     # Scheduler
-    add("--warmup_proportion", default=0.1, type=float, help="warmup = proportion x optimizer steps")
-    add("--warmup_steps", default=None, type=float, help="warmup steps (overrides the proportion; 0 = unset)")
+    add("--warmup_proportion", default=0.1, type=float_in(0, 1), help="warmup = proportion x optimizer steps")
+    add("--warmup_steps", default=None, type=float_in(0), help="warmup steps (overrides the proportion; 0 = unset)")
     # Seed
-    add("--seed", type=int, default=42)
+    add("--seed", type=SEED, default=42)
     # Distributed
     add("--local_rank", type=int, default=-1, help="from old launch scripts; torchrun / Slurm need no flag")
     add("--num_workers", type=int_at_least(0), default=25, help="DataLoader workers (divided by world size)")
@@ -83,23 +82,23 @@ def add_pretrain_flags(parser: argparse.ArgumentParser, wiki: bool) -> argparse.
         help="0: with ITM loss; 1: with ITM loss, no masking objective for the not aligned pairs; "
              "2: without ITM loss, no negative pairs")
     # Optimizer
-    add("--adam_epsilon", default=1e-8, type=float)
+    add("--adam_epsilon", default=1e-8, type=float_in(0))
     add("--adam_betas", default=[0.9, 0.98], nargs="+", type=_betas)
-    add("--weight_decay", default=0.01, type=float)
-    add("--clip_grad_norm", default=0.0, type=float, help="clip the gradient norm when > 0")
+    add("--weight_decay", default=0.01, type=float_in(0))
+    add("--clip_grad_norm", default=0.0, type=float_in(0), help="clip the gradient norm when > 0")
 
     extra = parser.add_argument_group("volta-ml additions").add_argument
     extra("--bert_model", default=None, help="tokenizer folder (default: " + (
         "--m_pretrained" if wiki else "the config's bert_model") + "); never downloaded")
     extra("--do_lower_case", action="store_true", default=None, help="lower-case text (default: the config's key)")
-    extra("--bert_lr_scale", type=float, default=0.1,
+    extra("--bert_lr_scale", type=float_in(0), default=0.1,
           help="lr multiplier of the tensors the text checkpoint initialised (VOLTA's intended 0.1; its scripts' "
                "name test matched none, so 1 reproduces the runs they made: docs/training.md, Pretraining)")
     extra("--amp", choices=["none", "bf16", "fp16"], default="none", help="mixed precision (torch.amp)")
     extra("--adam_impl", choices=["volta", "torch"], default="volta",
           help="volta: pytorch-transformers' AdamW exactly; torch: torch.optim.AdamW (fused on CUDA)")
     extra("--compile", action="store_true", help="torch.compile the model")
-    extra("--checkpoint_every_steps", type=int, default=0,
+    extra("--checkpoint_every_steps", type=int_at_least(0), default=0,
           help="also write pytorch_ckpt_latest.tar every N optimizer steps (0: at epoch ends only)")
     extra("--num_val_workers", type=int_at_least(0), default=2, help="validation DataLoader workers (VOLTA: 2)")
     extra("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")

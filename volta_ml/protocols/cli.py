@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from volta_ml.engine.failures import UsageError
+from volta_ml.options import SEED, OneLineParser, float_in, int_at_least
 
 
 def register(subparsers) -> None:
@@ -20,7 +21,7 @@ def register(subparsers) -> None:
     mode.add_argument("--list", action="store_true", help="list the cells and whether each is finished")
     p.add_argument("--only", action="append", default=[], metavar="PREFIX",
                    help="restrict to cells whose id starts with PREFIX (repeatable), e.g. zero_shot/uc2")
-    p.add_argument("--max_cells", type=int, default=None, help="--local: stop after running this many cells")
+    p.add_argument("--max_cells", type=int_at_least(1), default=None, help="--local: stop after running this many cells")
     p.add_argument("--slurm_dir", default=None, help="where to write the scripts (default: <output_dir>/slurm)")
     p.set_defaults(func=cmd_sweep)
 
@@ -43,7 +44,7 @@ def register(subparsers) -> None:
     q.add_argument("--languages", nargs="+", default=None, help="target languages (zero-shot and few-shot)")
     q.add_argument("--shots", nargs="+", default=None)
     q.add_argument("--learning_rates", nargs="+", default=None)
-    q.add_argument("--seeds", nargs="+", type=int, default=None)
+    q.add_argument("--seeds", nargs="+", type=SEED, default=None)
     q.add_argument("--no_english", action="store_true", help="skip the English test")
     how = q.add_mutually_exclusive_group()
     how.add_argument("--local", action="store_true", help="run here (default)")
@@ -59,7 +60,7 @@ def register(subparsers) -> None:
     r.add_argument("--grid", default=None, help="a grid file: its output_dir is the results folder and its "
                    "`baseline:` row the baseline")
     r.add_argument("--out", default=None, help="output folder (default: RESULTS_DIR/report)")
-    r.add_argument("--digits", type=int, default=2, help="decimals in Markdown/LaTeX tables")
+    r.add_argument("--digits", type=int_at_least(0), default=2, help="decimals in Markdown/LaTeX tables")
     r.add_argument("--no_plots", action="store_true")
     r.add_argument("--baseline", default=None, metavar="ROW",
                    help="compare every other row with this one (baseline.csv/md/tex); overrides the grid's")
@@ -75,11 +76,11 @@ def add_stat_flags(parser) -> None:
     g.add_argument("--intervals", choices=("pm", "brackets", "none"), default="pm",
                    help="Markdown/LaTeX cells: pm = `56.30 ± 1.20` (half the interval), brackets = "
                    "`56.30 [55.10, 57.50]`, none = the value only")
-    g.add_argument("--confidence", type=float, default=stats.CONFIDENCE, help="interval level (default 0.95)")
-    g.add_argument("--resamples", type=int, default=stats.N_RESAMPLES, help="bootstrap resamples (default %(default)s)")
-    g.add_argument("--permutations", type=int, default=stats.N_PERMUTATIONS,
+    g.add_argument("--confidence", type=float_in(), default=stats.CONFIDENCE, help="interval level (default 0.95)")
+    g.add_argument("--resamples", type=int_at_least(1), default=stats.N_RESAMPLES, help="bootstrap resamples (default %(default)s)")
+    g.add_argument("--permutations", type=int_at_least(1), default=stats.N_PERMUTATIONS,
                    help="sign patterns of the paired permutation test (default %(default)s; exact below 2^n)")
-    g.add_argument("--bootstrap_seed", type=int, default=stats.SEED, help="seed of the resampling (default 0)")
+    g.add_argument("--bootstrap_seed", type=SEED, default=stats.SEED, help="seed of the resampling (default 0)")
     g.add_argument("--method", choices=("percentile", "BCa"), default="percentile",
                    help="scipy.stats.bootstrap's interval method (default percentile)")
 
@@ -240,8 +241,7 @@ def cmd_report(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m volta_ml.protocols.cli sweep|report ...`: the same commands without loading the other
     areas' subcommands (quick to start, handy in job scripts)."""
-    import argparse
-    parser = argparse.ArgumentParser(prog="python -m volta_ml.protocols.cli")
+    parser = OneLineParser(prog="python -m volta_ml.protocols.cli")
     register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from volta_ml.cli.flags import json_object
+from volta_ml.cli.flags import backend_options, int_at_least
 from volta_ml.iglue_hf.cli import add_run_flags, run_one_line
 
 
@@ -41,12 +41,12 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--device_map", default=None, help="'auto': accelerate spreads a large model")
-    parser.add_argument("--extra", type=json_object, default=None, metavar="JSON", help="backend options "
+    parser.add_argument("--extra", type=backend_options, default=None, metavar="JSON", help="backend options "
                         "(ModelSpec.extra), e.g. '{\"max_images\": 2}' or '{\"letter_spellings\": \"all\"}'")
     parser.add_argument("--enable_thinking", type=_bool, default=None, metavar="true|false",
                         help="the chat template's thinking switch (= extra enable_thinking)")
     parser.add_argument("--text_base", default=None, help="mclip: the XLM-R config of its text tower")
-    parser.add_argument("--max_new_tokens", type=int, default=None, help="generation rules: the answer length limit "
+    parser.add_argument("--max_new_tokens", type=int_at_least(1), default=None, help="generation rules: the answer length limit "
                                                                          "(default per task)")
     add_run_flags(parser, "suite_results.json")
 
