@@ -8,7 +8,8 @@ Checks (the `CHECKS` table; one more check is one entry): device facts, model pa
 the golden fixtures through `shared/tools/check_parity.py`, bf16-autocast drift), training-step samples/s and MFU
 for the real base configs at batch 64 in bf16 and fp32 against the VOLTA-scheme fp32 step, retrieval pairs/s,
 extraction images/s, CVQA questions/s (model-zoo matching scorer, and each HF backend family at real architecture
-size with random weights built on the meta device), DDP scaling when more than one GPU is visible.
+size with random weights built on the meta device), a `--sharding fsdp` training step with its sharded checkpoint, DDP
+scaling when more than one GPU is visible.
 
 Each check runs in its own process with its own time budget (a hang, an out-of-memory or a crash costs that check
 only, and what it measured before is kept: rows are streamed to disk as they are measured); the whole run stops
@@ -85,11 +86,15 @@ def _checks():
         "hf_train": (hf.check_hf_train, 100, "HF fine-tuning step samples/s and peak memory: LoRA LLaVA-1.5-7B, "
                                               "contrastive CLIP ViT-B/32 with and without gradient checkpointing, "
                                               "real size, random weights"),
+        "hf_fsdp": (hf.check_hf_fsdp, 150, "one --sharding fsdp training step through the engine (LoRA, full, "
+                                            "full + CPU offload; Qwen2.5-VL-7B widths, 8 layers) and its sharded "
+                                            "checkpoint written and read back"),
         "ddp": (zoo.check_ddp, 120, "retrieval and training scaling over 2 GPUs (skipped with one)"),
     }
 
 
-CHECK_NAMES = ("device", "parity", "train_step", "pretrain", "retrieval", "extraction", "cvqa_zoo", "cvqa_hf", "hf_train", "ddp")
+CHECK_NAMES = ("device", "parity", "train_step", "pretrain", "retrieval", "extraction", "cvqa_zoo", "cvqa_hf", "hf_train",
+               "hf_fsdp", "ddp")
 
 
 def run_inline(name: str, args, budget: float, rows_file: Path) -> tuple[str, str]:

@@ -341,3 +341,96 @@ def check_hf_train(ctx) -> None:
         del model, inputs, optimizer, trainable
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+# --- one sharded step (volta-ml train --hf_model ... --sharding fsdp: engine/sharding.py) ---------------------------
+FSDP_JOBS = {            # name: (fine-tuning, --fsdp_offload)
+    "qwen2.5-vl-7b widths, 8 layers, LoRA r16, fsdp bf16": ("lora", False),
+    "qwen2.5-vl-7b widths, 8 layers, full, fsdp bf16": ("full", False),
+    "qwen2.5-vl-7b widths, 8 layers, full, fsdp bf16 + CPU offload": ("full", True),
+}
+
+
+def check_hf_fsdp(ctx) -> None:
+    """One training step through the engine's FSDP2 path on the device, as `--sharding fsdp --amp bf16 --hf_dtype bf16
+    --gradient_checkpointing` runs it: Qwen2.5-VL-7B's widths (hidden 3584, its 152k vocabulary, the 32-block vision
+    tower's block shape) at 8 decoder layers and 4 vision blocks, random weights, bf16 (`FullySharded.place`: one unit
+    per block, trained tensors cast to fp32 unit by unit, bf16 parameters / fp32 reduction), volta-ml's AdamW,
+    an image + text batch; then the sharded resume state written and read back (`save_sharded_state` /
+    `load_sharded_state`, torch.distributed.checkpoint). One process (a group of one: the collectives run, NCCL on a
+    GPU). Rows: step seconds, peak GPU memory, bytes held for parameters + gradients + optimizer state, whether the
+    state read back equals the state written. --quick: widths / 28, 2 layers, on any device."""
+    import tempfile
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+    from bench_fsdp_memory import Step, held_bytes, qwen25_vl_config, synthetic_batch, trainable_setup
+    from transformers import Qwen2_5_VLForConditionalGeneration
+    from volta_ml.engine import checkpointing as ckpt
+    from volta_ml.engine import sharding
+    from volta_ml.engine.distributed import DistInfo
+    from volta_ml.engine.optim import build_optimizer
+    from volta_ml.engine.train_support import Precision
+    from volta_ml.iglue_hf.contrastive import checkpoint_activations
+    from volta_ml.iglue_hf.finetune import shard_units
+    device = torch.device(ctx.device)
+    info = DistInfo(device=device)
+    for name, (mode, offload) in FSDP_JOBS.items():
+        if ctx.skip_if_late(name, 2 if ctx.quick else 60):
+            continue
+        config = (qwen25_vl_config("Qwen2.5-VL-7B", 2, 1, divisor=28) if ctx.quick
+                  else qwen25_vl_config("Qwen2.5-VL-7B", 8, 4))
+        model = materialise(Qwen2_5_VLForConditionalGeneration, config, device, torch.bfloat16)
+        checkpoint_activations(model)
+        model = Step(trainable_setup(model.train(), mode))
+        args = SimpleNamespace(amp="bf16", fsdp_offload=offload, compile=False, sharding="fsdp", optim="AdamW",
+                               adam_impl="volta", lr=1e-5, weight_decay=0.01, adam_epsilon=1e-6,
+                               adam_betas=[0.9, 0.999], adam_correct_bias=True)
+        job = SimpleNamespace(shard_units=shard_units, train_dtype=torch.float32, interleaved=None)
+        strategy = sharding.FullySharded(args, job, info)
+        try:
+            model = strategy.place(model)
+            optimizer = build_optimizer(model, args, device)
+            batch = {k: v.to(device) for k, v in synthetic_batch(config, batch=2 if ctx.quick else 4,
+                                                                text=64 if ctx.quick else 512).items()}
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            seconds = []
+            for _ in range(1 if ctx.quick else 3):    # the first step creates the optimizer state
+                _sync(device)
+                start = time.perf_counter()
+                with Precision("bf16", device).autocast():
+                    logits = model(batch)
+                loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), batch["input_ids"][:, 1:].flatten())
+                loss.backward()
+                optimizer.step()
+                held = held_bytes(model, optimizer)
+                optimizer.zero_grad(set_to_none=True)
+                _sync(device)
+                seconds.append(time.perf_counter() - start)
+            with tempfile.TemporaryDirectory() as tmp:
+                latest = Path(tmp) / ckpt.LATEST_NAME
+                scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+                sharding.save_sharded_state(latest, model, optimizer, False, info, scheduler=scheduler, scaler=None,
+                                            global_step=1, epoch_id=-1, resume_epoch=0, resume_micro_step=1,
+                                            best_score=-1.0)
+                before = {n: p.detach().to_local().clone() for n, p in model.named_parameters() if p.requires_grad}
+                with torch.no_grad():
+                    for p in model.parameters():
+                        if p.requires_grad:
+                            p.zero_()
+                sharding.load_sharded_state(latest, ckpt.load_latest(latest), model, optimizer)
+                restored = all(torch.equal(before[n], p.detach().to_local()) for n, p in model.named_parameters()
+                               if p.requires_grad)
+            ctx.row(item=name, mode=mode, offload=offload, units=strategy.units, step_s=min(seconds),
+                    samples_per_s=batch["input_ids"].shape[0] / min(seconds),
+                    params_b=sum(p.numel() for p in model.parameters()) / 1e9,
+                    states_gib=held["total"] / 2**30, finite=bool(torch.isfinite(loss).all()),
+                    checkpoint_restored=restored,
+                    peak_gib=torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None)
+        finally:
+            strategy.close()
+        del model, optimizer, batch, logits, loss
+        if device.type == "cuda":
+            torch.cuda.empty_cache()

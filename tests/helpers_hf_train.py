@@ -93,6 +93,20 @@ def train_env(**extra) -> dict:
     return env
 
 
+def in_process(argv) -> int:
+    """`volta-ml train` in this process with one thread, like the subprocesses (OMP_NUM_THREADS=1), so that their
+    weights can be compared bit for bit; the exit code."""
+    import torch
+    from volta_ml.cli.train_flags import parse_train_args
+    from volta_ml.cli.train_task import build_task_job, run
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run(parse_train_args(argv), build_task_job)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _fill_disk(folder) -> None:
     """No space left where `folder` is (but `HF_FULL_DISK_LEAVE` bytes): a tmpfs filled up, or no file may grow."""
     if os.environ.get("HF_FULL_DISK") == "tmpfs":

@@ -20,7 +20,7 @@ import gpu_check_zoo  # noqa: E402
 EXPECTED = {  # check -> a field every measured row of it carries
     "device": "torch", "parity": "item", "train_step": "samples_per_s", "retrieval": "pairs_per_s",
     "extraction": "images_per_s", "cvqa_zoo": "questions_per_s", "cvqa_hf": "questions_per_s", "ddp": "speedup",
-    "hf_train": "samples_per_s", "pretrain": "samples_per_s"}
+    "hf_train": "samples_per_s", "pretrain": "samples_per_s", "hf_fsdp": "states_gib"}
 
 
 @pytest.mark.parametrize("name", gpu_check.CHECK_NAMES)
@@ -51,6 +51,9 @@ def test_every_check_runs_quick_on_cpu(tmp_path, name):
         assert all(r["finite"] and r["samples_per_s"] > 0 for r in measured)
         lora = [r for r in measured if r["kind"] == "lora"]    # LoRA trains a small share of the weights
         assert lora and all(0 < r["trainable_m"] < r["params_b"] * 1e3 / 10 for r in lora), lora
+    if name == "hf_fsdp":   # one sharded step through the engine; its checkpoint read back equal
+        assert [r["item"] for r in measured] == list(gpu_check_hf.FSDP_JOBS)
+        assert all(r["finite"] and r["checkpoint_restored"] and r["units"] == 3 for r in measured), measured
     if name == "parity":  # fixtures present: something must have been compared, and it must agree
         assert measured[0]["status"] == "ok" and measured[0]["failed"] == 0 and measured[0]["compared"] > 0
     saved = json.loads((tmp_path / "report.json").read_text())

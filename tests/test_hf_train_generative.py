@@ -21,7 +21,7 @@ import time
 import pytest
 import torch
 
-from helpers_hf_train import REPO, make_xvnli_root, train_env
+from helpers_hf_train import REPO, in_process, make_xvnli_root, train_env
 from helpers_train import free_port
 from helpers_vlm_families import build_family, shared_root
 
@@ -50,18 +50,6 @@ def _argv(out, models, xvnli, *extra, model="qwen2-vl"):
             "--output_dir", str(out / "save"), "--logdir", str(out / "logs"), *FLAGS, *extra]
 
 
-def _in_process(argv) -> int:
-    """A run in this process with one thread, like the subprocesses (OMP_NUM_THREADS=1): bit-comparable."""
-    from volta_ml.cli.train_flags import parse_train_args
-    from volta_ml.cli.train_task import build_task_job, run
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return run(parse_train_args(argv), build_task_job)
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _weights(out, name="pytorch_model_2.bin", run=RUN_NAME):
     return torch.load(out / "save" / run / name, map_location="cpu", weights_only=True)
 
@@ -75,7 +63,7 @@ def _validation(out, run=RUN_NAME, task="XVNLI"):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, models, xvnli):
     out = tmp_path_factory.mktemp("single")
-    assert _in_process(_argv(out, models, xvnli)) == 0
+    assert in_process(_argv(out, models, xvnli)) == 0
     return out
 
 
@@ -158,7 +146,7 @@ def test_gqa_trains_in_bf16_and_validates_with_the_generate_rule(tmp_path, model
             "--logdir", str(tmp_path / "logs"), "--batch_size", "4", "--num_epoch", "2", "--lr", "3e-2",
             "--warmup_proportion", "0", "--num_workers", "0", "--num_val_workers", "0", "--train_projector",
             "--gradient_checkpointing", "--hf_dtype", "bf16", "--amp", "bf16"]
-    assert _in_process(argv) == 0
+    assert in_process(argv) == 0
     validation = _validation(tmp_path, "GQA_idefics3", "GQA")
     assert len(validation) == 2 and validation[1][0] < validation[0][0], validation
     adapter = json.loads((tmp_path / "save/GQA_idefics3/hf_best/adapter_config.json").read_text())
@@ -197,7 +185,7 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(tmp_path, models, xvn
     proc.communicate()
     assert not (run / "pytorch_model_2.bin").exists(), "the run finished before the kill"
     step = torch.load(run / "pytorch_ckpt_latest.tar", weights_only=True)["global_step"]
-    assert _in_process(_argv(tmp_path, models, xvnli, "--resume_file", str(run / "pytorch_ckpt_latest.tar"))) == 0
+    assert in_process(_argv(tmp_path, models, xvnli, "--resume_file", str(run / "pytorch_ckpt_latest.tar"))) == 0
     reference, again = _weights(single), _weights(tmp_path)
     assert all(torch.equal(reference[k], again[k]) for k in reference), f"killed at step {step}"
 

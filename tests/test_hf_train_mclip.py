@@ -152,7 +152,7 @@ def test_mclip_trained_image_tower_is_copied_into_the_export(tmp_path, models):
     assert trainable == {"vision_model", "visual_projection"}
     with torch.no_grad():
         model.module.vision.visual_projection.weight.mul_(-1.0)     # as if trained: differs from the reference
-    model.save(tmp_path / "export")
+    model.save(tmp_path / "export", model.module.state_dict())
     assert json.loads((tmp_path / "export" / "config.json").read_text())["image_model"] == "image_model"
     backend = load_backend("mclip", ModelSpec(str(tmp_path / "export")))
     pixels = model.image_processor(images=images(3), return_tensors="pt")

@@ -275,3 +275,35 @@ def test_example_grid_end_to_end_tiny(tiny_world, tmp_path):
     # the English fine-tuning changed the dual encoder's retrieval (the tiny generative model may tie at chance)
     assert result("zero_shot/clip-vit-b32/xflickrco/de")["metrics"] != result(
         "zero_shot/clip-vit-b32/xflickrco/de/seed0")["metrics"]
+
+
+def test_sharded_cells_launch_one_process_per_gpu(tmp_path):
+    """examples/grids/iglue_hf_sharded.yml: `hf.train.sharding` / `processes` / `finetune` on every training cell;
+    a full fine-tuning's export is a model folder (`--model`, `--hf_model`), LoRA's an adapter."""
+    grid = yaml.safe_load((REPO / "examples/grids/iglue_hf_sharded.yml").read_text())
+    grid["output_dir"] = str(tmp_path / "runs")
+    path = tmp_path / "grid.yml"
+    path.write_text(yaml.safe_dump(grid))
+    cells = {c.id: c for c in plan_cells(load_grid(path))}
+    runs = tmp_path / "runs"
+    for model, full in (("qwen2.5-vl-72b", False), ("qwen2.5-vl-32b-full", True)):
+        english = cells[f"finetune/{model}/xvnli/seed0"].commands[0].argv
+        few = cells[f"few_shot_train/{model}/xvnli/ar/1/seed0/lr1e-4"].commands[0].argv
+        for argv in (english, few):
+            assert argv[1:8] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "8",
+                                 "--no-python", argv[0]]
+            assert argv[8:11] == ["-m", "volta_ml.cli", "train"] and _after(argv, "--sharding") == ["fsdp"]
+            assert _after(argv, "--finetune") == (["full"] if full else [])
+        export = str(runs / f"finetune/{model}/xvnli/seed0/hf_best")
+        transfer = cells[f"zero_shot/{model}/xvnli/ar/seed0"].commands[0].argv
+        if full:
+            assert _after(few, "--hf_model") == [export] and "--hf_adapter" not in few
+            assert _after(transfer, "--model") == [export] and "--adapter" not in transfer
+        else:
+            assert _after(few, "--hf_adapter") == [export] and _after(transfer, "--adapter") == [export]
+    for change, message in (({"sharding": "zero3"}, r"hf.train.sharding: 'zero3'; expected one of ddp, fsdp"),
+                            ({"processes": "0"}, r"hf.train.processes: '0'"),
+                            ({"finetune": "full"}, r"hf.train.finetune: generative models only")):
+        bad = _grid(tmp_path, models={"clip": {"hf": {"backend": "clip", "model": "/m/clip", "train": change}}})
+        with pytest.raises(GridError, match=message):
+            load_grid(bad)

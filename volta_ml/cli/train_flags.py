@@ -73,6 +73,13 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="also write pytorch_ckpt_latest.tar every N optimizer steps (0: at epoch ends only)")
     add("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available; under torchrun/Slurm "
                                        "each process takes cuda:<local rank>)")
+    add("--sharding", choices=["ddp", "fsdp"], default="ddp",
+        help="ddp: every process holds the whole model (DistributedDataParallel); fsdp: FSDP2 shards parameters, "
+             "gradients and optimizer state over the processes, one unit per decoder layer / vision block "
+             "(Hugging Face models, --hf_model; --amp bf16 is then FSDP's bf16 parameters with fp32 gradient "
+             "reduction; resume files are sharded; docs/hf_models.md)")
+    add("--fsdp_offload", action="store_true",
+        help="--sharding fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory")
 
     # --- a Hugging Face model instead of a VOLTA model (volta_ml/iglue_hf/train.py, train_generative.py) -----
     hf = parser.add_argument_group("Hugging Face models (docs/hf_models.md)")
@@ -102,7 +109,16 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     hf.add_argument("--hf_dtype", choices=["fp32", "bf16"], default="fp32",
                     help="generative models: the dtype of the frozen base weights (bf16 halves their memory; the "
                          "LoRA tensors stay fp32; combine with --amp bf16)")
-    lora = parser.add_argument_group("LoRA for generative models (volta_ml/iglue_hf/lora.py)")
+    lora = parser.add_argument_group("Fine-tuning generative models: LoRA or full (volta_ml/iglue_hf/lora.py, "
+                                     "finetune.py)")
+    lora.add_argument("--finetune", choices=["lora", "full"], default="lora",
+                      help="lora: adapters on the language model (plus the --train_parts trained in full); full: "
+                           "every weight of the --train_parts")
+    lora.add_argument("--train_parts", default=None,
+                      help="comma-separated parts trained: vision, projector, language (default: language with "
+                           "LoRA, language,projector with --finetune full)")
+    lora.add_argument("--part_lr", default=None, metavar="PART=LR,...",
+                      help="a learning rate per part, e.g. vision=2e-6,projector=1e-4 (the others: --lr)")
     lora.add_argument("--lora_r", type=int_at_least(1), default=8, help="LoRA rank")
     lora.add_argument("--lora_alpha", type=float_in(0, open_low=True), default=16, help="LoRA scale numerator (scale = alpha / r)")
     lora.add_argument("--lora_dropout", type=float_in(0, 1, open_high=True), default=0.05, help="dropout on LoRA's input")
@@ -110,7 +126,8 @@ def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                       help="comma-separated names of the language model's linear layers LoRA adapts "
                            "(default per family: q_proj,v_proj)")
     lora.add_argument("--train_projector", action="store_true",
-                      help="also train the multimodal projector in full (saved with the adapter)")
+                      help="also train the multimodal projector in full (saved with the adapter); "
+                           "= adding projector to --train_parts")
     lora.add_argument("--hf_adapter", default="", help="start from this saved adapter folder (e.g. <run dir>/hf_best "
                                                        "of an English run, for few-shot) instead of a new LoRA")
     lora.add_argument("--allow_adapter_base_mismatch", action="store_true",

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from volta_ml.engine.distributed import DistInfo, finish_process, init_distributed, shutdown
-from volta_ml.engine.failures import EXIT_NON_FINITE, fail, report
+from volta_ml.engine.failures import EXIT_NON_FINITE, UsageError, fail, report
 from volta_ml.engine.logs import attach_stderr_handler
+from volta_ml.engine.sharding import check_flags
 from volta_ml.engine.train import TrainJob, train
 from volta_ml.cli.flags import VoltaArgumentParser
 from volta_ml.cli.train_flags import add_train_flags, parse_train_args
@@ -70,6 +71,9 @@ def _run(args, build_job: Callable[[object, DistInfo], TrainJob], prog: str) -> 
 
 
 def build_task_job(args, info: DistInfo) -> TrainJob:
+    if check_flags(args) == "fsdp" and not args.hf_model:   # --sharding and its options, before anything is loaded
+        raise UsageError("--sharding fsdp: Hugging Face models only (--hf_model); the zoo's models train with "
+                         "--sharding ddp")
     if args.hf_model:  # a Hugging Face dual encoder or generative model (docs/hf_models.md)
         from volta_ml.iglue_hf.train import build_dual_encoder_job, model_spec, training_kind
         if training_kind(model_spec(args), args.hf_backend) == "generative":

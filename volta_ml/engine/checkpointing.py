@@ -108,7 +108,8 @@ def restore_rng_state(state: dict) -> None:
 
 def save_latest(path: str | os.PathLike, *, model, optimizer, scheduler, scaler, global_step: int,
                 epoch_id: int, resume_epoch: int, resume_micro_step: int, best_score: float,
-                rng_states: list[dict], pending_grads: dict | None = None, saved_from: dict | None = None) -> None:
+                rng_states: list[dict], pending_grads: dict | None = None, saved_from: dict | None = None,
+                sharded: dict | None = None) -> None:
     """Write `pytorch_ckpt_latest.tar`.
 
     `epoch_id` is the last finished epoch (VOLTA's meaning, -1 before the first);
@@ -116,11 +117,14 @@ def save_latest(path: str | os.PathLike, *, model, optimizer, scheduler, scaler,
     `rng_states` holds one entry per rank. `pending_grads` are gradients accumulated by
     micro-batches that did not reach an optimizer step yet (VOLTA carries them over). `saved_from`
     describes the model (`TrainJob.origin`: plain strings), named when the file does not fit another.
+    `sharded` (an FSDP run, `engine/sharding.py`): the model, optimizer and pending gradients are in the folder it
+    names (`model` and `optimizer` are then None), with what is needed to rebuild them (plain values).
     """
     state = {
         "format": FORMAT,
-        "model_state_dict": {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()},
-        "optimizer_state_dict": optimizer.state_dict(),
+        "model_state_dict": ({k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
+                             if model is not None else {}),
+        "optimizer_state_dict": optimizer.state_dict() if optimizer is not None else None,
         "scheduler_state_dict": scheduler.state_dict(),
         "scaler_state_dict": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
         "global_step": int(global_step),
@@ -132,6 +136,8 @@ def save_latest(path: str | os.PathLike, *, model, optimizer, scheduler, scaler,
         "pending_grads": {k: v.detach().cpu() for k, v in (pending_grads or {}).items()},
         "saved_from": {str(k): str(v) for k, v in (saved_from or {}).items()},
     }
+    if sharded is not None:
+        state["sharded"] = sharded
     atomic_torch_save(state, path)
 
 
@@ -142,9 +148,17 @@ def _origin(described: dict | None) -> str:
 def check_fits(path, state: dict, model: nn.Module, origin: dict | None = None) -> None:
     """Refuse, in one line, a resume file whose model tensors are not this model's (another model, LoRA rank
     or target set, projector): the first tensors that differ, and what the file and this run were saved from
-    (`saved_from`, `origin`)."""
-    saved, own = state["model_state_dict"], unwrap(model).state_dict()
-    shaped = [k for k in own if k in saved and tuple(saved[k].shape) != tuple(own[k].shape)]
+    (`saved_from`, `origin`). A sharded state (`engine/sharding.py`) is checked by the shapes it records; a 0-d
+    tensor and its 1-element form (how FSDP holds it) are the same shape here."""
+    if "sharded" in state:
+        saved = {k: tuple(v) for k, v in state["sharded"].get("shapes", {}).items()}
+    else:
+        saved = {k: tuple(v.shape) for k, v in state["model_state_dict"].items()}
+    own = {k: tuple(v.shape) for k, v in unwrap(model).state_dict().items()}
+
+    def same(a: tuple, b: tuple) -> bool:
+        return a == b or {a, b} == {(), (1,)}
+    shaped = [k for k in own if k in saved and not same(saved[k], own[k])]
     missing = [k for k in own if k not in saved]
     extra = [k for k in saved if k not in own]
     if not (shaped or missing or extra):
@@ -152,7 +166,7 @@ def check_fits(path, state: dict, model: nn.Module, origin: dict | None = None) 
     differences = []
     if shaped:
         differences.append(f"{len(shaped)} of another shape (first {shaped[0]}: file "
-                           f"{list(saved[shaped[0]].shape)}, model {list(own[shaped[0]].shape)})")
+                           f"{list(saved[shaped[0]])}, model {list(own[shaped[0]])})")
     if missing:
         differences.append(f"{len(missing)} of this model missing (first {missing[0]})")
     if extra:

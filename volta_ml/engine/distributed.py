@@ -159,6 +159,12 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_max(tensor: torch.Tensor, info: DistInfo | None) -> torch.Tensor:
+    if info is not None and info.initialized and info.world_size > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
 def gather_objects(obj, info: DistInfo) -> list:
     """Every rank's `obj`, in rank order (a one-element list in a single process)."""
     if not (info.initialized and info.world_size > 1):

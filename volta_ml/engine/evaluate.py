@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from volta_ml.engine.distributed import DistInfo, all_reduce_sum
+from volta_ml.engine.distributed import DistInfo, all_reduce_max, all_reduce_sum
 from volta_ml.engine.failures import die_with_parent
 from volta_ml.tasks.common import model_device
 
@@ -101,7 +101,8 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
              batch_size: int = 30, num_workers: int = 0, loader: DataLoader | None = None,
              precision: str = "none", loss_name: str | None = None, max_batches: int | None = None,
              keep_predictions: bool = True, progress: bool = True, desc: str | None = None, progress_file=None,
-             info: DistInfo | None = None, score_width: int = 1) -> EvalResult:
+             info: DistInfo | None = None, score_width: int = 1, lockstep: bool = False,
+             device: torch.device | None = None) -> EvalResult:
     """Evaluate `model` on `dataset` with `family.forward_and_loss` (or `forward_and_loss(model, batch,
     task_id)`, e.g. a training job's; then there are no prediction rows).
 
@@ -110,8 +111,12 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
     `score_width` > 1: the score of a batch is a vector of that many sums (pretraining's loss parts, each summed
     over the examples); `score_sums` holds their totals, `score_sum` / `score` the first.
     The model is put in eval mode and restored to its previous mode afterwards.
+    `lockstep` (a sharded model, whose forwards are collective): every rank runs as many batches as the rank with
+    the most; a rank whose shard has ended runs its last batch again (or the set's first example) and counts
+    nothing of it. `device`: where batches go (default: the model's; a model offloaded to the CPU computes
+    elsewhere).
     """
-    device = model_device(model)
+    device = device or model_device(model)
     if forward_and_loss is None:
         def forward_and_loss(model, batch, task_id):
             return family.forward_and_loss(model, batch, task_id, loss_name)
@@ -125,8 +130,10 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
     n_batches = 0
     rows: list[tuple[int, dict]] = []
     total = len(loader) if max_batches is None else min(len(loader), max_batches)
+    steps = int(all_reduce_max(torch.tensor(float(total), device=device), info).item()) if lockstep else total
     bar = tqdm(total=total, desc=desc or task_id, disable=not progress, file=progress_file or sys.stdout,
                dynamic_ncols=True, leave=False)
+    batch = None
     try:
         with torch.no_grad():
             for batch in loader:
@@ -144,6 +151,11 @@ def evaluate(model, dataset, family=None, task_id: str = "", *, forward_and_loss
                     predicted = family.predictions(batch, logits.float().cpu(), dataset)
                     rows.extend(zip(batch["example_index"], predicted))
                 bar.update(1)
+            for _ in range(steps - n_batches):     # lockstep: the forwards the other ranks still run
+                if batch is None:
+                    batch = move_to_device(loader.collate_fn([loader.dataset[0]]), device)
+                with autocast(precision, device):
+                    forward_and_loss(model, batch, task_id)
     finally:
         bar.close()
         model.train(was_training)

@@ -44,8 +44,13 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     VOLTA builds one group per tensor; every group has the same LR, so two groups give
     identical updates and let the multi-tensor kernels batch the whole model.
     """
+    return split_decay(model.named_parameters(), weight_decay)
+
+
+def split_decay(named_parameters, weight_decay: float) -> list[dict]:
+    """(name, parameter) pairs as `parameter_groups` splits them: trainable ones only, decay / no decay."""
     decay, no_decay = [], []
-    for name, param in model.named_parameters():
+    for name, param in named_parameters:
         if not param.requires_grad:
             continue
         (no_decay if any(marker in name for marker in NO_DECAY_MARKERS) else decay).append(param)

@@ -24,13 +24,13 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 from tqdm import tqdm
 
 from volta_ml.atomic import WriteError
 from volta_ml.engine import checkpointing as ckpt
-from volta_ml.engine.distributed import DistInfo, all_reduce_sum, gather_objects, barrier
+from volta_ml.engine import sharding
+from volta_ml.engine.distributed import DistInfo, all_reduce_sum, barrier
 from volta_ml.engine.failures import UsageError
 from volta_ml.engine.optim import build_optimizer, build_scheduler, freeze_fixed_layers, schedule_lengths
 from volta_ml.engine.evaluate import as_tensor, evaluate, loss_and_count, move_to_device
@@ -54,7 +54,9 @@ class TrainJob:
     fixed_layers: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)  # extra lines for the start summary
     # rank 0, after pytorch_model_best.bin is written: export the bare model in another format too
-    # (the HF models' hf_best/ folder, volta_ml/iglue_hf/train.py), told which weights these are (SavedBest)
+    # (the HF models' hf_best/ folder, volta_ml/iglue_hf/train.py), told which weights these are (SavedBest); under
+    # --sharding fsdp every rank calls it (gathering the weights is collective: `sharding.gather_full_state`) and
+    # rank 0 writes
     on_best_saved: Callable[[nn.Module, "SavedBest"], None] | None = None
     # pretraining (volta_ml/pretrain): (log label, TensorBoard key) of each loss part forward_and_loss sums
     loss_parts: tuple[tuple[str, str], ...] = ()
@@ -65,6 +67,12 @@ class TrainJob:
     # the training set is this rank's own part (VOLTA's training_feat_part_<rank>.lmdb): not sharded again;
     # every rank's part must give the same number of batches
     rank_shard: bool = False
+    # --sharding fsdp (engine/sharding.py): the modules that become FSDP units (decoder layers, vision blocks);
+    # None: the job's model cannot be sharded
+    shard_units: Callable[[nn.Module], list[nn.Module]] | None = None
+    # the trainable tensors are cast to this dtype before training (master weights of a bf16 model; under FSDP
+    # unit by unit as they are sharded); None: as loaded
+    train_dtype: torch.dtype | None = None
     # what the model is (plain strings: model, LoRA rank and targets, ...): recorded in the resume file as
     # `saved_from`, and named when a resume file does not fit the model
     origin: dict = field(default_factory=dict)
@@ -134,12 +142,20 @@ def per_step_batch_size(args, world_size: int) -> int:
 
 
 def train(job: TrainJob, args, info: DistInfo) -> float:
-    model = job.model
-    frozen = freeze_fixed_layers(model, job.fixed_layers)
-    model.to(info.device)
+    shard = sharding.for_run(args, job, info)
+    try:
+        return _train(job, args, info, shard)
+    finally:
+        shard.close()
+
+
+def _train(job: TrainJob, args, info: DistInfo, shard: sharding.Replicated) -> float:
+    frozen = freeze_fixed_layers(job.model, job.fixed_layers)
+    model = shard.place(job.model)
     if info.is_main:
         job.run_dir.mkdir(parents=True, exist_ok=True)
         ckpt.remove_stale_temp_files(job.run_dir)
+        sharding.remove_stale_shards(job.run_dir)
     barrier(info)
 
     batch = per_step_batch_size(args, info.world_size)
@@ -156,40 +172,32 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
     resumed = bool(args.resume_file) and os.path.exists(args.resume_file)
     if resumed:
         global_step, start_epoch, start_micro, best = _resume(args.resume_file, model, optimizer, scheduler,
-                                                              precision, info, job.origin)
+                                                              precision, info, shard, job.origin)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    ddp = info.world_size > 1
-    if ddp:
-        model = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None,
-                                        find_unused_parameters=True)
-    if args.compile:   # after DDP, so its bucketed all-reduce stays outside the compiled graphs
-        model = torch.compile(model)
+    model = shard.wrap(model)
 
     log = RunLog(job, info)
     _start_summary(job, args, info, batch, micro_per_epoch, total_steps, warmup, frozen, resumed,
-                   global_step, start_epoch, start_micro)
+                   global_step, start_epoch, start_micro, shard)
     latest_path = job.run_dir / ckpt.LATEST_NAME
     grad_acc = args.grad_acc_steps
 
     def save_latest(epoch_done: int, next_epoch: int, next_micro: int, pending: bool = False):
-        rng = gather_objects(ckpt.capture_rng_state(), info)
-        grads = {n: p.grad for n, p in ckpt.unwrap(model).named_parameters() if p.grad is not None} if pending else None
-        if info.is_main:
-            ckpt.save_latest(latest_path, model=model, optimizer=optimizer, scheduler=scheduler,
-                             scaler=precision.scaler, global_step=global_step, epoch_id=epoch_done,
-                             resume_epoch=next_epoch, resume_micro_step=next_micro, best_score=best,
-                             rng_states=rng, pending_grads=grads, saved_from=job.origin)
-        barrier(info)
+        shard.save_latest(latest_path, model, optimizer, pending, scheduler=scheduler, scaler=precision.scaler,
+                          global_step=global_step, epoch_id=epoch_done, resume_epoch=next_epoch,
+                          resume_micro_step=next_micro, best_score=best, saved_from=job.origin)
 
     def save_bin(tag) -> None:
+        state = shard.model_state(model)     # collective under FSDP; None except on rank 0
         if info.is_main:
-            ckpt.save_model_bin(model, job.run_dir / f"pytorch_model_{tag}.bin")
+            ckpt.atomic_torch_save(state, job.run_dir / f"pytorch_model_{tag}.bin")
 
     def save_best(tag, epoch: int) -> None:
-        """pytorch_model_<tag>.bin and pytorch_model_best.bin, then the job's export of the same weights."""
+        """pytorch_model_<tag>.bin and pytorch_model_best.bin, then the job's export of the same weights (under FSDP
+        on every rank: gathering them is collective)."""
         save_bin(tag)
         save_bin("best")
-        if info.is_main and job.on_best_saved is not None:
+        if job.on_best_saved is not None and (info.is_main or shard.collective):
             job.on_best_saved(ckpt.unwrap(model), SavedBest(job.run_dir / "pytorch_model_best.bin", epoch,
                                                             global_step, best))
 
@@ -200,8 +208,7 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
         total = torch.zeros((), dtype=torch.float64, device=info.device)
         for k in range(grad_acc):
             extra = move_to_device(job.interleaved.batch(index * grad_acc + k), info.device)
-            sync = model.no_sync() if ddp and k + 1 < grad_acc else contextlib.nullcontext()
-            with sync:
+            with shard.micro_batch(model, k + 1 == grad_acc):
                 with precision.autocast():
                     extra_loss = job.interleaved.loss(model, extra)
                 precision.scaler.scale(extra_loss / grad_acc).backward()
@@ -232,9 +239,11 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
         if max_batches not in val_loaders:
             val_loaders[max_batches] = val_loader(job.val_dataset, args.eval_batch_size, info, args, job.collate_fn,
                                                   max_batches)
-        result = evaluate(ckpt.unwrap(model), job.val_dataset, task_id=job.task_id,
-                          forward_and_loss=job.forward_and_loss, loader=val_loaders[max_batches],
-                          precision=precision.mode, progress=False, info=info, score_width=width)
+        with shard.evaluating(ckpt.unwrap(model)):
+            result = evaluate(ckpt.unwrap(model), job.val_dataset, task_id=job.task_id,
+                              forward_and_loss=job.forward_and_loss, loader=val_loaders[max_batches],
+                              precision=precision.mode, progress=False, info=info, score_width=width,
+                              lockstep=shard.lockstep, device=info.device)
         if job.loss_parts:  # VOLTA's train_concap.py line; no score, so no "best" weights
             means = {part: total / max(result.n_examples, 1) for part, total in zip(job.loss_parts, result.score_sums)}
             log.line(f"Validation [{job.task_name}]: " + " ".join(f"{label} {value:.3f}"
@@ -271,8 +280,7 @@ def train(job: TrainJob, args, info: DistInfo) -> float:
                     step_loss += interleaved_step(epoch * steps_per_epoch + micro // grad_acc)  # NaN stops too
                 batch_data = move_to_device(batch_data, info.device)
                 is_step = (micro + 1) % grad_acc == 0
-                sync = model.no_sync() if ddp and not is_step else contextlib.nullcontext()
-                with sync:
+                with shard.micro_batch(model, is_step):
                     with precision.autocast():
                         loss, score_sum, n_examples, _ = job.forward_and_loss(model, batch_data, job.task_id)
                         loss = loss_and_count(loss, n_examples)[0]
@@ -372,15 +380,14 @@ def _peer_signal() -> int:
     return int(signal.SIGTERM)  # only another rank was signalled; report it as SIGTERM
 
 
-def _resume(path, model, optimizer, scheduler, precision, info, origin: dict) -> tuple[int, int, int, float]:
+def _resume(path, model, optimizer, scheduler, precision, info, shard, origin: dict) -> tuple[int, int, int, float]:
     state = ckpt.load_latest(path)
     ckpt.check_fits(path, state, model, origin)
-    model.load_state_dict(state["model_state_dict"])
+    shard.load_latest(path, state, model, optimizer)    # weights, optimizer state, pending gradients
     if state["format"] == "volta":
         logger.warning("%s was written by VOLTA: only weights, step, epoch and best score are restored; "
                        "the optimizer and schedule restart", path)
     else:
-        optimizer.load_state_dict(state["optimizer_state_dict"])
         scheduler.load_state_dict(state["scheduler_state_dict"])
         if state.get("scaler_state_dict") and precision.scaler.is_enabled():
             precision.scaler.load_state_dict(state["scaler_state_dict"])
@@ -389,16 +396,13 @@ def _resume(path, model, optimizer, scheduler, precision, info, origin: dict) ->
             logger.warning("%s was saved by %d processes and is resumed by %d: RNG streams restart from "
                            "rank 0's state", path, len(rng_states), info.world_size)
         ckpt.restore_rng_state(rng_states[info.rank if info.rank < len(rng_states) else 0])
-        params = dict(model.named_parameters())
-        for name, grad in state.get("pending_grads", {}).items():
-            params[name].grad = grad.to(params[name].device)
     logger.info("Resumed from %s: global step %d, epoch %d, micro-batch %d, best score %.4f", path,
                 state["global_step"], state["resume_epoch"], state["resume_micro_step"], state["score"])
     return state["global_step"], state["resume_epoch"], state["resume_micro_step"], state["score"]
 
 
 def _start_summary(job, args, info, batch, micro_per_epoch, total_steps, warmup, frozen, resumed,
-                   global_step, start_epoch, start_micro) -> None:
+                   global_step, start_epoch, start_micro, shard) -> None:
     if not info.is_main:
         return
     bare = ckpt.unwrap(job.model)
@@ -419,6 +423,7 @@ def _start_summary(job, args, info, batch, micro_per_epoch, total_steps, warmup,
         f"eps {args.adam_epsilon:g} betas {tuple(args.adam_betas)} correct_bias {args.adam_correct_bias} "
         f"clip {args.clip_grad_norm:g}",
         f"precision    {args.amp if args.amp != 'none' else 'float32'} on {info.device}, world size {info.world_size}",
+        f"sharding     {shard.describe()}",
         f"output       {job.run_dir}" + (f", TensorBoard {job.tb_dir}" if job.tb_dir else ""),
         "start        " + (f"resumed at step {global_step} (epoch {start_epoch}, micro-batch {start_micro})"
                             if resumed else "fresh"),

@@ -91,7 +91,8 @@ class TrainableDualEncoder:
     padding: bool | str               # True, or "max_length" (SigLIP was trained on padded texts)
     config: dict                      # recorded in command.txt
     family: str                       # for the log: "clip", "siglip", "M-CLIP", ...
-    save: Callable[[Path], None]      # writes what `volta-ml iglue-hf --model <folder>` loads
+    save: Callable[[Path, dict], None]   # (folder, the module's whole state): writes what `volta-ml iglue-hf
+    #                                        --model <folder>` loads
 
 
 def checkpoint_activations(model) -> None:

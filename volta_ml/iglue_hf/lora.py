@@ -5,8 +5,9 @@ family table, `volta_ml/hf/families.py` (rows with a `projector`).
 - LoRA goes on the linear layers named by `--lora_target` (default: the family's attention projections) INSIDE
   the language model only (`model.get_decoder()`): vision towers that also have `q_proj`/`v_proj` (SigLIP, CLIP)
   stay untouched. Every name must match at least one linear layer there (one-line error otherwise).
-- Everything else is frozen (peft freezes the base model): the vision tower always, the projector unless
-  `--train_projector` (then it is trained in full and saved with the adapter, peft's `modules_to_save`).
+- Everything else is frozen (peft freezes the base model), except the parts `--train_parts` / `--train_projector`
+  add (`finetune.py`): the vision tower, the projector, trained in full and saved with the adapter (peft's
+  `modules_to_save`).
 - `--hf_adapter DIR` starts from a saved adapter instead (its own r / alpha / targets / projector), trainable, after
   the checks of every adapter (`hf/loading.attach_adapter`: every tensor loads, the recorded base model is this one
   unless `--allow_adapter_base_mismatch`).
@@ -17,6 +18,8 @@ from torch import nn
 
 from volta_ml.engine.failures import UsageError
 from volta_ml.hf.families import FAMILIES, Family, fine_tuned
+
+from .finetune import part_of_names
 
 
 def trainable(model_type: str | None) -> bool:
@@ -48,17 +51,13 @@ def lora_targets(model: nn.Module, names: list[str], what: str) -> list[str]:
     return [f"{prefix}.{name}" for name, leaf in linear.items() if leaf in names]
 
 
-def projector_name(model: nn.Module, fam: Family, what: str) -> str:
-    found = [name for name, _ in model.named_modules() if name == fam.projector or name.endswith("." + fam.projector)]
-    if len(found) != 1:
-        raise UsageError(f"--train_projector: {what} has {len(found)} modules named {fam.projector!r}")
-    return found[0]
-
-
-def add_lora(model: nn.Module, fam: Family, args, spec):
+def add_lora(model: nn.Module, fam: Family, args, spec, parts: frozenset[str] = frozenset({"language"}),
+             modules: dict[str, str] | None = None):
     """The `PeftModel` around `model` (loaded from the `ModelSpec` `spec`, modified in place): a new LoRA from the
     flags, or `--hf_adapter`'s (checked as every adapter is: `hf.loading.attach_adapter`). The adapter's config
-    records `spec` as its base (model and revision)."""
+    records `spec` as its base (model and revision). `parts` (`finetune.plan`): the parts trained besides the
+    adapters ("vision", "projector": in full, peft's `modules_to_save`); `modules`: their qualified names
+    (`finetune.part_modules`)."""
     import dataclasses
 
     from peft import LoraConfig, get_peft_model
@@ -77,7 +76,17 @@ def add_lora(model: nn.Module, fam: Family, args, spec):
     names = [n.strip() for n in (args.lora_target or ",".join(fam.lora_targets)).split(",") if n.strip()]
     if args.lora_r < 1:
         raise UsageError(f"--lora_r {args.lora_r}: the rank must be at least 1")
+    saved = [modules[part] for part in ("vision", "projector") if part in parts]
+    # a projector inside the vision tower (Qwen's visual.merger) is saved with it
+    saved = [name for name in saved if not any(name.startswith(other + ".") for other in saved)]
     config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
                         target_modules=lora_targets(model, names, what), bias="none",
-                        modules_to_save=[projector_name(model, fam, what)] if args.train_projector else None)
-    return get_peft_model(model, config, revision=spec.revision)
+                        modules_to_save=saved or None)
+    peft_model = get_peft_model(model, config, revision=spec.revision)
+    if "vision" in parts and "projector" not in parts:   # the projector's copy inside the saved tower stays frozen
+        named = list(peft_model.named_parameters())
+        part = part_of_names([name for name, _ in named], modules)
+        for name, param in named:
+            if part[name] == "projector":
+                param.requires_grad_(False)
+    return peft_model

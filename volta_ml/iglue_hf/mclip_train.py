@@ -79,10 +79,14 @@ def load_mclip(spec, temperature: float | None, train_image_tower: bool) -> Trai
     module = MClipForTraining(backend.text, backend.linear, backend.vision, temperature or DEFAULT_TEMPERATURE,
                               train_image_tower)
 
-    def save(folder: Path) -> None:
+    def save(folder: Path, trained: dict) -> None:
+        """`trained`: the whole state of the trained module (text.*, linear.*, vision.*)."""
         from safetensors.torch import save_file
-        state = {f"transformer.{k}": v for k, v in module.text.state_dict().items()}
-        state.update({f"LinearTransformation.{k}": v for k, v in module.linear.state_dict().items()})
+
+        def part(prefix: str) -> dict:
+            return {k.removeprefix(prefix): v for k, v in trained.items() if k.startswith(prefix)}
+        state = {f"transformer.{k}": v for k, v in part("text.").items()}
+        state.update({f"LinearTransformation.{k}": v for k, v in part("linear.").items()})
         folder.mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
         backend.tokenizer.save_pretrained(folder)
@@ -90,7 +94,7 @@ def load_mclip(spec, temperature: float | None, train_image_tower: bool) -> Trai
         out = {k: v for k, v in config.items() if k not in ("image_model", "image_revision")}
         out["text_base"] = TEXT_BASE_DIR
         if train_image_tower:
-            module.vision.save_pretrained(folder / IMAGE_MODEL_DIR)
+            module.vision.save_pretrained(folder / IMAGE_MODEL_DIR, state_dict=part("vision."))
             backend.image_processor.save_pretrained(folder / IMAGE_MODEL_DIR)
             out["image_model"] = IMAGE_MODEL_DIR
         else:

@@ -44,6 +44,7 @@ from torch.utils.data import Dataset
 
 from volta_ml.engine.distributed import DistInfo, barrier, gather_with_grad
 from volta_ml.engine.failures import UsageError
+from volta_ml.engine.sharding import gather_full_state
 from volta_ml.engine.task_job import resolve_hyperparameters
 from volta_ml.atomic import finish_replace, replace_folder
 from volta_ml.engine.train import SavedBest, TrainJob
@@ -51,6 +52,7 @@ from volta_ml.engine.train import SavedBest, TrainJob
 from .contrastive import (LOSSES, DualEncoderForTraining, TrainableDualEncoder, enable_gradient_checkpointing,
                           pair_loss)
 from .data import RetrievalData, read_retrieval
+from .finetune import shard_units
 from .images import DEFAULT_TEMPLATES, ImageSource
 
 logger = logging.getLogger("volta_ml.train")
@@ -259,8 +261,8 @@ def load_trainable(spec, loss: str, args) -> TrainableDualEncoder:
     except ModelLoadError as error:
         raise UsageError(str(error)) from None
 
-    def save(folder: Path) -> None:
-        hf_model.save_pretrained(folder)
+    def save(folder: Path, state: dict) -> None:
+        hf_model.save_pretrained(folder, state_dict={k.removeprefix("hf."): v for k, v in state.items()})
         processor.save_pretrained(folder)
 
     text_config = getattr(hf_model.config, "text_config", hf_model.config)
@@ -291,6 +293,14 @@ def prepare_run_dir(run_dir: Path, args, described: str) -> None:
     finish_replace(run_dir / EXPORT_DIR)
 
 
+def export_dual_encoder(module, model: TrainableDualEncoder, run_dir: Path, best: SavedBest) -> None:
+    """`<run dir>/hf_best` from the trained module's whole state (gathered: under --sharding fsdp every rank calls
+    this, rank 0 writes), through `export_best`."""
+    state = gather_full_state(module)
+    if state is not None:
+        export_best(run_dir, lambda folder: model.save(folder, state), best)
+
+
 # --- the job -----------------------------------------------------------------------------------------------------
 def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
     from volta_ml.tasks.config import entry_path
@@ -300,6 +310,10 @@ def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
     if args.hf_dtype != "fp32":
         raise UsageError(f"--hf_dtype {args.hf_dtype}: a dual encoder trains all its weights, kept in fp32 "
                          "(use --amp bf16 for bf16 compute)")
+    if args.train_parts or args.part_lr:
+        raise UsageError(f"{'--train_parts' if args.train_parts else '--part_lr'}: generative models only (a dual "
+                         f"encoder trains both towers; M-CLIP its text tower, and with --hf_train_image_tower its "
+                         f"image tower)")
     task_id, entry = retrieval_entry(args)
     task_key = TRAINABLE[task_id.removeprefix("TASK")]
     source = image_source(args, DEFAULT_TEMPLATES[task_key])
@@ -331,7 +345,8 @@ def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
         forward_and_loss=functools.partial(forward_and_loss, loss=loss, info=info),
         task_id=task_id, task_name=entry["name"], run_dir=run_dir, tb_dir=Path(args.logdir) / name,
         collate_fn=collate,
-        on_best_saved=lambda _module, best: export_best(run_dir, model.save, best),
+        on_best_saved=lambda module, best: export_dual_encoder(module, model, run_dir, best),
+        shard_units=shard_units,
         origin={"model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "") + f" ({model.family})"},
         summary={"hf model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
                              + f" ({model.family}, {loss} loss"

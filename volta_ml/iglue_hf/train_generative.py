@@ -46,10 +46,11 @@ from torch.utils.data import Dataset
 from volta_ml.engine.distributed import DistInfo, barrier
 from volta_ml.engine.evaluate import MeanLoss
 from volta_ml.engine.failures import UsageError
+from volta_ml.engine.sharding import gather_full_state
 from volta_ml.engine.task_job import resolve_hyperparameters
 from volta_ml.engine.train import TrainJob
 
-from . import lora
+from . import finetune, lora
 from .contrastive import checkpoint_activations
 from .data import Example, image_refs, read_task
 from .images import DEFAULT_TEMPLATES
@@ -139,14 +140,18 @@ class Collate:
 
 # --- the module the engine trains --------------------------------------------------------------------------------
 class GenerativeForTraining(nn.Module):
-    """The peft model (`self.peft`; LoRA injected into the backend's model in place) whose forward returns, per
-    example, the mean negative log-likelihood of its answer tokens and whether greedy decoding under teacher
-    forcing gets every one right. Its state_dict holds the trainable tensors only (LoRA, a trained projector),
-    so the engine's checkpoints and resume file stay small; loading one checks that exactly those are given."""
+    """The peft model (`self.peft`; LoRA injected into the backend's model in place) or, fine-tuned in full, the
+    backend's model itself (`self.hf`), whose forward returns, per example, the mean negative log-likelihood of its
+    answer tokens and whether greedy decoding under teacher forcing gets every one right. Its state_dict holds the
+    trainable tensors only (LoRA, a trained projector, the trained parts), so the engine's checkpoints and resume
+    file hold nothing frozen; loading one checks that exactly those are given."""
 
-    def __init__(self, peft_model: nn.Module, backend):
+    def __init__(self, model: nn.Module, backend):
         super().__init__()
-        self.peft = peft_model
+        if hasattr(model, "peft_config"):
+            self.peft = model
+        else:
+            self.hf = model
         self.backend = backend          # a plain object (not a submodule): the same model, scoring methods
 
     def forward(self, inputs: dict, answer: torch.Tensor, mask: torch.Tensor):
@@ -173,7 +178,7 @@ class GenerativeForTraining(nn.Module):
         given, wanted = set(state_dict), self._trainable()
         if strict and given != wanted:
             missing, extra = sorted(wanted - given), sorted(given - wanted)
-            raise RuntimeError(f"the checkpoint's trainable tensors do not match this LoRA model: {len(missing)} "
+            raise RuntimeError(f"the checkpoint's trainable tensors do not match this model: {len(missing)} "
                                f"missing ({', '.join(missing[:3])}), {len(extra)} unexpected ({', '.join(extra[:3])})")
         return super().load_state_dict(state_dict, strict=False, assign=assign)
 
@@ -191,6 +196,16 @@ def forward_and_loss(model, batch, task_id, *, score_batch):
     if model.training:
         return loss, (right & (weight > 0)).sum(), n, None
     return loss, score_batch(batch), n, None
+
+
+def job_origin(spec, backend, plan, lora_config) -> dict:
+    """What the trained model is, as the resume file records it (`TrainJob.origin`): LoRA's (`lora_origin`), or
+    a full fine-tuning's parts."""
+    if plan.mode == "lora":
+        origin = lora_origin(spec, backend, lora_config)
+        return dict(origin, **{"vision tower": "trained"}) if "vision" in plan.parts else origin
+    return {"model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
+                     + f" ({backend.model.config.model_type})", "fine-tuning": plan.describe()}
 
 
 def lora_origin(spec, backend, lora_config) -> dict:
@@ -215,8 +230,23 @@ def rule_score(backend, task: str, rule_name: str, batch) -> int:
 
 # --- export ------------------------------------------------------------------------------------------------------
 def export_adapter(model: GenerativeForTraining, run_dir: Path, best) -> None:
-    """`<run dir>/hf_best`: the adapter (peft's save_pretrained), swapped in whole (`train.export_best`)."""
-    export_best(run_dir, lambda folder: model.peft.save_pretrained(folder), best)
+    """`<run dir>/hf_best`: the adapter (peft's save_pretrained of the trained tensors), swapped in whole
+    (`train.export_best`). Under --sharding fsdp every rank gathers, rank 0 writes."""
+    state = gather_full_state(model)         # the trainable tensors only (GenerativeForTraining.state_dict)
+    if state is not None:
+        state = {key.removeprefix("peft."): value for key, value in state.items()}
+        export_best(run_dir, lambda folder: model.peft.save_pretrained(folder, state_dict=state), best)
+
+
+def export_model(model: GenerativeForTraining, run_dir: Path, best) -> None:
+    """`<run dir>/hf_best` of a model fine-tuned in full: the whole model (save_pretrained, its frozen parts too)
+    and its processor, which plain transformers and `volta-ml iglue-hf --backend mllm --model` load."""
+    state = gather_full_state(model.hf)
+    if state is not None:
+        def write(folder: Path) -> None:
+            model.hf.save_pretrained(folder, state_dict=state)
+            model.backend.processor.save_pretrained(folder)
+        export_best(run_dir, write, best)
 
 
 # --- the job -----------------------------------------------------------------------------------------------------
@@ -226,6 +256,10 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
 
     spec = dataclasses.replace(model_spec(args), dtype=args.hf_dtype)   # frozen weights; LoRA tensors stay fp32
     family = lora.family(model_type(spec), spec.model)
+    plan = finetune.plan(args)
+    if plan.mode == "full" and args.hf_adapter:
+        raise UsageError("--hf_adapter: an adapter is trained with --finetune lora (full fine-tuning starts from "
+                         "a model: --hf_model)")
     task_id, entry, task = generative_entry(args)
     source = image_source(args, default_template(args, task))
     resolve_hyperparameters(args, entry, info.world_size)
@@ -249,7 +283,12 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
             checkpoint_activations(backend.model)
         except ValueError as error:
             raise UsageError(f"--gradient_checkpointing: {error}") from None
-    peft_model = lora.add_lora(backend.model, family, args, spec)
+    modules = finetune.part_modules(backend.model, family.projector, spec.model)
+    if plan.mode == "lora":
+        trained = lora.add_lora(backend.model, family, args, spec, plan.parts, modules)
+    else:
+        finetune.freeze_full(backend.model, modules, plan.parts)
+        trained = backend.model
     rule = DEFAULT_RULES[task]
     layout = marvl_layout(backend, "auto") if task == "marvl" else None
     datasets = {}
@@ -260,33 +299,45 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
 
     name = run_name(entry, spec, args)
     run_dir = Path(args.output_dir) / name
+    lora_config = trained.peft_config["default"] if plan.mode == "lora" else None
     if info.is_main:
         prepare_run_dir(run_dir, args, f"{json.dumps(backend.model.config.to_dict(), default=str)}\n\n"
-                                       f"{json.dumps(peft_model.peft_config['default'].to_dict(), default=str)}")
+                                       + (json.dumps(lora_config.to_dict(), default=str) if lora_config
+                                          else f"full fine-tuning: {plan.describe()}"))
     barrier(info)
-    lora_config = peft_model.peft_config["default"]
+    module = GenerativeForTraining(trained, backend)
     # --allow_adapter_base_mismatch: what the --hf_adapter's recorded base differs in (the summary records it)
     mismatch = (getattr(backend.model, "volta_loading_report", None) or {}).get("adapter_base_mismatch")
+    if plan.mode == "lora":
+        how = ((f"from {args.hf_adapter}: " if args.hf_adapter else "")
+               + (f"(adapter base mismatch accepted: {mismatch}) " if mismatch else "")
+               + f"LoRA r {lora_config.r}, alpha {lora_config.lora_alpha}, dropout {lora_config.lora_dropout}, "
+               f"{len(lora_config.target_modules)} modules; " + plan.describe())
+    else:
+        how = plan.describe()
     return TrainJob(
-        model=GenerativeForTraining(peft_model, backend), train_dataset=datasets["train"],
-        val_dataset=datasets["val"],
+        model=module, train_dataset=datasets["train"], val_dataset=datasets["val"],
         forward_and_loss=functools.partial(forward_and_loss,
                                            score_batch=functools.partial(rule_score, backend, task, rule)),
         task_id=task_id, task_name=entry["name"], run_dir=run_dir, tb_dir=Path(args.logdir) / name,
         collate_fn=Collate(inputs_backend),
-        on_best_saved=lambda model, best: export_adapter(model, run_dir, best),
-        origin=lora_origin(spec, backend, lora_config),
+        on_best_saved=lambda model, best: (export_adapter if plan.mode == "lora" else export_model)(model, run_dir,
+                                                                                                  best),
+        shard_units=finetune.shard_units,
+        train_dtype=torch.float32 if args.hf_dtype == "bf16" and args.amp == "bf16" else None,
+        param_groups=(functools.partial(finetune.param_groups_by_part, modules=modules, lrs=plan.lrs,
+                                        weight_decay=args.weight_decay) if plan.lrs else None),
+        origin=job_origin(spec, backend, plan, lora_config),
         summary={"hf model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
                              + f" ({backend.model.config.model_type}, prompt format: {backend.prompt_format})",
-                 "lora": (f"from {args.hf_adapter}: " if args.hf_adapter else "")
-                         + (f"(adapter base mismatch accepted: {mismatch}) " if mismatch else "")
-                         + f"r {lora_config.r}, alpha {lora_config.lora_alpha}, dropout {lora_config.lora_dropout}, "
-                         f"{len(lora_config.target_modules)} modules; projector "
-                         + ("trained" if lora_config.modules_to_save else "frozen") + ", vision tower frozen"
-                         + (", gradient checkpointing" if args.gradient_checkpointing else ""),
+                 "fine-tuning": how + (", gradient checkpointing" if args.gradient_checkpointing else "")
+                                + (", trained tensors in float32" if args.hf_dtype == "bf16" and args.amp == "bf16"
+                                   else ""),
                  "data": f"train {paths['train']} ({len(data['train'])} examples with an answer), val {paths['val']}",
                  "images": f"{source.root} (template {source.template!r})"
                            + (f", MaRVL layout {layout}" if layout else ""),
                  "validation": f"iglue-hf {task} rule {rule!r}: {get_rule(task, rule).describe}",
-                 "export": f"{run_dir / EXPORT_DIR} (the adapter, save_pretrained at each new best)"},
+                 "export": f"{run_dir / EXPORT_DIR} ("
+                           + ("the adapter" if plan.mode == "lora" else "the whole model and its processor")
+                           + ", save_pretrained at each new best)"},
     )

@@ -15,7 +15,9 @@ zero-shot (and translate-test) cells then evaluate that export in every language
 `few_shot` trains from it on each few-shot file with IGLUE's learning rates and schedules, picks the rate on
 the dev score with the zoo's selection step and evaluates it. Rows of the fine-tuned model are recorded with
 `variant: fine-tuned` (the report's `<model> (fine-tuned)` rows); a dual encoder's export is a model folder
-(`--hf_model` / `--model`), a generative model's is a peft adapter on the base model (`--hf_adapter` / `--adapter`).
+(`--hf_model` / `--model`), a generative model's is a peft adapter on the base model (`--hf_adapter` / `--adapter`),
+or with `train: {finetune: full}` a model folder too. `train: {sharding: fsdp, processes: 8}` trains with FSDP2
+over 8 processes of one node (`torchrun --standalone`; the Slurm stage's `gres` must give them their GPUs).
 
 That command prints the zoo's score lines, so the cell's `record` step and `volta-ml report` treat the rows like
 the zoo's. Images come from the grid's top-level `images: {task: root}` (and optional `image_templates`); the
@@ -32,7 +34,9 @@ from .iglue import ADAM_FLAGS, TASKS
 
 HF_KEYS = {"backend", "model", "revision", "dtype", "device", "device_map", "rules", "batch_size", "flags", "extra",
            "train"}
-TRAIN_KEYS = {"lr": "--lr", "epochs": "--num_epoch", "batch_size": "--batch_size", "flags": None}
+TRAIN_KEYS = {"lr": "--lr", "epochs": "--num_epoch", "batch_size": "--batch_size", "flags": None,
+              "finetune": "--finetune", "sharding": "--sharding", "processes": None}
+TRAIN_CHOICES = {"finetune": ("lora", "full"), "sharding": ("ddp", "fsdp")}
 HF_PROTOCOLS = ("zero_shot", "translate_test", "few_shot")
 EXPORT = "hf_best"                 # the folder `volta-ml train --hf_model` writes in its run directory
 FINE_TUNED = "fine-tuned"          # the `variant` of the rows of a model fine-tuned by the sweep
@@ -71,10 +75,17 @@ def _load_train(hf: dict, where: str, str_list) -> dict:
         raise GridError(f"{where}.hf.train: backend {hf['backend']!r} cannot be trained (known: "
                         f"{', '.join(BACKEND_KINDS)})")
     out = {"flags": str_list(train.get("flags") or [], f"{where}.hf.train.flags")}
-    for key in ("lr", "epochs", "batch_size"):
+    for key in ("lr", "epochs", "batch_size", "finetune", "sharding", "processes"):
         if train.get(key) is not None:
             (value,) = str_list(train[key], f"{where}.hf.train.{key}")
             out[key] = value
+    for key, choices in TRAIN_CHOICES.items():
+        if key in out and out[key] not in choices:
+            raise GridError(f"{where}.hf.train.{key}: {out[key]!r}; expected one of {', '.join(choices)}")
+    if "finetune" in out and BACKEND_KINDS[hf["backend"]] != "generative":
+        raise GridError(f"{where}.hf.train.finetune: generative models only (a dual encoder trains all its weights)")
+    if "processes" in out and not (out["processes"].isdigit() and int(out["processes"]) >= 1):
+        raise GridError(f"{where}.hf.train.processes: {out['processes']!r}; expected a number of processes >= 1")
     return out
 
 
@@ -108,6 +119,22 @@ def generative(model) -> bool:
     return BACKEND_KINDS.get(model.hf["backend"]) == "generative"
 
 
+def adapter_export(model) -> bool:
+    """The English export is a peft adapter on the base model (LoRA), not a model folder (full fine-tuning, dual
+    encoders)."""
+    return generative(model) and (model.hf["train"] or {}).get("finetune", "lora") == "lora"
+
+
+def train_launch(grid, model) -> list[str]:
+    """The training command: `volta-ml train`, or with `hf.train.processes` N > 1 one process per GPU of the node
+    (`torchrun --standalone --nproc_per_node N --no-python <the train command>`)."""
+    processes = int((model.hf["train"] or {}).get("processes") or 1)
+    if processes == 1:
+        return list(grid.commands["train"])
+    return [grid.python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+            "--no-python", *grid.commands["train"]]
+
+
 def _images(grid, task: str, training: bool) -> list[str]:
     roots, templates = (grid.train_images, grid.train_image_templates) if training else ({}, {})
     root, template = roots.get(task) or grid.images.get(task), templates.get(task) or grid.image_templates.get(task)
@@ -121,7 +148,7 @@ def hf_argv(grid, model, task: str, lang: str, mt: bool, cell_dir: Path, tuned: 
     or a generative model's adapter on the base model)."""
     hf = model.hf
     target = ["--model", hf["model"]]
-    if tuned and not generative(model):
+    if tuned and not adapter_export(model):
         target = ["--model", tuned]
     elif tuned:
         target += ["--adapter", tuned]
@@ -131,7 +158,7 @@ def hf_argv(grid, model, task: str, lang: str, mt: bool, cell_dir: Path, tuned: 
         *_images(grid, task, training=False), "--name", model.name, "--output_dir", str(cell_dir / "eval"),
         "--no_result_json", "--no_progress"]
     for key in ("revision", "dtype", "device", "device_map", "batch_size"):
-        if hf.get(key) is not None and not (key == "revision" and tuned and not generative(model)):
+        if hf.get(key) is not None and not (key == "revision" and tuned and not adapter_export(model)):
             argv += [f"--{key}", str(hf[key])]
     if hf.get("extra"):
         argv += ["--extra", json.dumps(hf["extra"], sort_keys=True)]
@@ -149,7 +176,7 @@ def hf_train_argv(grid, model, task: str, start: str | None, settings: list[str]
     base = hf["model"] + (f"@{hf['revision']}" if hf.get("revision") else "")
     if start is None:
         origin = ["--hf_model", base]
-    elif generative(model):
+    elif adapter_export(model):
         origin = ["--hf_model", base, "--hf_adapter", start]
     else:
         origin = ["--hf_model", start]
@@ -157,12 +184,13 @@ def hf_train_argv(grid, model, task: str, start: str | None, settings: list[str]
     for key in ("lr", "epochs", "batch_size"):
         if start is None and key in hf["train"]:
             english += [TRAIN_KEYS[key], hf["train"][key]]
+    how = [a for key in ("finetune", "sharding") if key in hf["train"] for a in (TRAIN_KEYS[key], hf["train"][key])]
     # English: the training task's id (19: SNLI-VE, 12: NLVR2 and its images, ...); few-shot: IGLUE's task name,
     # whose files (MaRVL's rows and image folders, ...) the trainer then reads as iglue-hf does
     task_flag = TASKS[task].task_id if start is None else task
-    return (grid.commands["train"] + origin + ["--hf_backend", hf["backend"], "--task", task_flag,
-                                               "--data_root", str(grid.data_root),
-                                               *_images(grid, task, training=start is None), "--seed", str(seed)]
-            + ADAM_FLAGS + english + settings + list(hf["train"]["flags"])
+    return (train_launch(grid, model) + origin + ["--hf_backend", hf["backend"], "--task", task_flag,
+                                                  "--data_root", str(grid.data_root),
+                                                  *_images(grid, task, training=start is None), "--seed", str(seed)]
+            + ADAM_FLAGS + english + how + settings + list(hf["train"]["flags"])
             + ["--output_dir", str(cell_dir / "ckpt"), "--logdir", str(cell_dir / "tb")]
             + grid.extra_flags.get("train", []) + grid.extra_flags.get(stage, []))

@@ -1,0 +1,299 @@
+#!/usr/bin/env python
+"""Per-rank memory of parameters + gradients + optimizer state, `--sharding ddp` against `--sharding fsdp`
+(docs/hf_models.md, "Models larger than one GPU"). A benchmark, not a test: it takes minutes.
+
+    python benchmarks/bench_fsdp_memory.py                      # 2 and 4 gloo ranks on the CPU
+    python benchmarks/bench_fsdp_memory.py --ranks 2 --json fsdp_memory.json
+
+Measured: Qwen2.5-VL-72B-Instruct's architecture (its published config below: GQA with 8 key/value heads, SwiGLU
+MLP 3.6 x wide, untied 152k-token embeddings and LM head, the window-attention vision tower and its merger) at
+reduced depth, 2 decoder layers and 2 vision blocks, built from the transformers config class with random weights.
+Its widths are divided by --divisor (default 8: hidden 1024, MLP 3696, vocabulary 19008, vision 160): at full
+width two decoder layers plus the embeddings are 4.3 B parameters, 69 GB of parameters + gradients + Adam state
+per DDP rank, which this 24 GiB machine cannot hold even once. Each of N gloo processes (CPU) builds the model in
+bf16, then the engine itself (`engine/sharding.py`: `Replicated` = DDP, `FullySharded` = FSDP2, `--amp bf16`,
+trained tensors kept in fp32 as `--hf_dtype bf16 --amp bf16` does) places it, `engine.optim.build_optimizer` makes
+volta-ml's AdamW, and one training step runs (a Qwen2.5-VL image + text batch, next-token loss). Then every rank
+counts the bytes of the storages it holds: parameters (local shards under FSDP), gradients, optimizer state
+(DDP's gradient buckets, another gradient-sized buffer, are not in this count). Two trainings: LoRA (r 16 on
+q_proj / v_proj, everything else frozen) and full fine-tuning (language model + projector; vision tower frozen).
+
+The same count computed from the parameter shapes (a parameter's shard holds ceil(rows / N) of its rows, as FSDP2
+pads them; gradient and master weight fp32 for trained tensors, Adam two fp32 tensors) is printed beside the
+measurement; where they agree, the formula gives the per-layer figures at full width (built on the meta device:
+shapes only), from which docs/hf_models.md's table of GPUs per model size is computed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+# published configs (config.json of the Hugging Face repositories): text / vision widths, layer counts
+QWEN25_VL = {
+    "Qwen2.5-VL-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                          num_key_value_heads=4, vocab_size=152064),
+    "Qwen2.5-VL-32B": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                           num_key_value_heads=8, vocab_size=152064),
+    "Qwen2.5-VL-72B": dict(hidden_size=8192, intermediate_size=29568, num_hidden_layers=80, num_attention_heads=64,
+                           num_key_value_heads=8, vocab_size=152064),
+}
+QWEN25_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14,
+                     spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                     fullatt_block_indexes=[7, 15, 23, 31])
+LORA_R, LORA_TARGETS = 16, ("q_proj", "v_proj")
+GIB = 2 ** 30
+
+
+def qwen25_vl_config(size: str = "Qwen2.5-VL-72B", layers: int = 2, blocks: int = 2, divisor: int = 1):
+    """The config of `size` with `layers` decoder layers and `blocks` vision blocks, widths divided by `divisor`
+    (through the number of heads: head sizes kept, 128 text, 80 vision; at least one head)."""
+    from transformers import Qwen2_5_VLConfig
+    text = dict(QWEN25_VL[size])
+    heads = max(1, text["num_attention_heads"] // divisor)
+    text.update(num_hidden_layers=layers, hidden_size=heads * 128, num_attention_heads=heads,
+                intermediate_size=text["intermediate_size"] // divisor,
+                num_key_value_heads=max(1, text["num_key_value_heads"] // divisor),
+                vocab_size=text["vocab_size"] // divisor, max_position_embeddings=4096, tie_word_embeddings=False,
+                bos_token_id=None, eos_token_id=None,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]})
+    vision_heads = max(1, QWEN25_VISION["num_heads"] // divisor)
+    vision = dict(QWEN25_VISION, depth=blocks, hidden_size=vision_heads * 80, num_heads=vision_heads,
+                  intermediate_size=QWEN25_VISION["intermediate_size"] // divisor, out_hidden_size=text["hidden_size"],
+                  fullatt_block_indexes=[blocks - 1])
+    vocab = text["vocab_size"]
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=vocab - 3, video_token_id=vocab - 2,
+                            vision_start_token_id=vocab - 4, vision_end_token_id=vocab - 5)
+
+
+def trainable_setup(model, mode: str):
+    """LoRA (peft, the language model's q_proj / v_proj) or full fine-tuning (language model + projector) as
+    `volta-ml train --finetune lora|full` sets them up; returns the module to train."""
+    from volta_ml.hf.families import FAMILIES
+    from volta_ml.iglue_hf import finetune
+    modules = finetune.part_modules(model, FAMILIES["qwen2_5_vl"].projector, "qwen2.5-vl")
+    if mode == "lora":
+        from peft import LoraConfig, get_peft_model
+        from volta_ml.iglue_hf.lora import lora_targets
+        return get_peft_model(model, LoraConfig(r=LORA_R, lora_alpha=32, lora_dropout=0.0,
+                                                target_modules=lora_targets(model, list(LORA_TARGETS), "qwen")))
+    finetune.freeze_full(model, modules, frozenset({"language", "projector"}))
+    return model
+
+
+class Step(torch.nn.Module):
+    """The trained module: the model's logits for a batch (the engine's root unit under FSDP)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch):
+        return self.model(**batch).logits
+
+
+def synthetic_batch(config, batch: int = 2, text: int = 64):
+    """A Qwen2.5-VL batch: one 56x56 image per example (16 patches, 4 merged image tokens) and text."""
+    v = config.vision_config
+    grid = torch.tensor([[1, 4, 4]] * batch)
+    patch = 3 * v.temporal_patch_size * v.patch_size ** 2
+    pixels = torch.randn(int(grid.prod(-1).sum()), patch)
+    ids = torch.randint(10, config.text_config.vocab_size - 10, (batch, 6 + text))
+    ids[:, 0], ids[:, 5] = config.vision_start_token_id, config.vision_end_token_id
+    ids[:, 1:5] = config.image_token_id
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels.to(torch.bfloat16),
+            "image_grid_thw": grid}
+
+
+def held_bytes(model, optimizer) -> dict:
+    """Bytes of the storages this rank holds for parameters, gradients and optimizer state (each storage once)."""
+    from torch.distributed.tensor import DTensor
+    seen: set = set()
+
+    def size(tensor) -> int:
+        if tensor is None:
+            return 0
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        storage = local.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+    params = list(model.parameters())
+    out = {"params": sum(size(p) for p in params), "grads": sum(size(p.grad) for p in params)}
+    out["optimizer"] = sum(size(v) for state in optimizer.state.values() for v in state.values()
+                           if isinstance(v, torch.Tensor))
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
+
+
+def predicted_bytes(named_params, world: int, sharded: bool) -> dict:
+    """The same count from shapes: a shard holds ceil(rows / world) rows (FSDP2's padding); trained tensors have an
+    fp32 master, an fp32 gradient and Adam's two fp32 moments; frozen ones their own dtype."""
+    out = {"params": 0, "grads": 0, "optimizer": 0}
+    for shape, elsize, trained in named_params:
+        rows = math.ceil(shape[0] / world) if sharded and shape else (shape[0] if shape else 1)
+        numel = rows * math.prod(shape[1:]) if shape else 1
+        out["params"] += numel * (4 if trained else elsize)
+        if trained:
+            out["grads"] += numel * 4
+            out["optimizer"] += numel * 8
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
+
+
+def shapes(module) -> list[tuple]:
+    return [(tuple(p.shape), p.element_size(), p.requires_grad) for p in module.parameters()]
+
+
+def _worker(rank: int, world: int, store: str, divisor: int, results: str) -> None:
+    import torch.distributed as dist
+    from transformers import Qwen2_5_VLForConditionalGeneration
+    from volta_ml.engine import sharding
+    from volta_ml.engine.distributed import DistInfo
+    from volta_ml.engine.optim import build_optimizer
+    from volta_ml.engine.train_support import Precision
+    from volta_ml.iglue_hf.finetune import shard_units
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    info = DistInfo(rank=rank, world_size=world, device=torch.device("cpu"), initialized=True)
+    args = SimpleNamespace(amp="bf16", fsdp_offload=False, compile=False, sharding="fsdp", optim="AdamW",
+                           adam_impl="volta", lr=1e-4, weight_decay=0.01, adam_epsilon=1e-6, adam_betas=[0.9, 0.999],
+                           adam_correct_bias=True)
+    job = SimpleNamespace(shard_units=shard_units, train_dtype=torch.float32, interleaved=None)
+    config = qwen25_vl_config(divisor=divisor)
+    rows = []
+    for mode in ("lora", "full"):
+        for name in ("ddp", "fsdp"):
+            torch.manual_seed(0)
+            model = Step(trainable_setup(Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16), mode))
+            sharding.cast_trainable(model, torch.float32)
+            expected = predicted_bytes(shapes(model), world, sharded=name == "fsdp")
+            strategy = sharding.SHARDINGS[name](args, job, info)
+            model = strategy.place(model)
+            optimizer = build_optimizer(model, args, info.device)
+            model = strategy.wrap(model)
+            batch = synthetic_batch(config, batch=1, text=8)   # the states do not depend on the batch
+            with Precision("bf16", info.device).autocast():
+                logits = model(batch)
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1),
+                                                     batch["input_ids"][:, 1:].flatten())
+            loss.backward()
+            optimizer.step()
+            measured = held_bytes(model, optimizer)
+            rows.append({"mode": mode, "sharding": name, "world": world, "rank": rank, "measured": measured,
+                         "predicted": expected, "loss": float(loss)})
+            del model, optimizer, logits, loss
+    Path(results, f"rank{rank}.json").write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def measure(world: int, divisor: int) -> list[dict]:
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), divisor, tmp), nprocs=world, join=True)
+        return [row for r in range(world) for row in json.loads(Path(tmp, f"rank{r}.json").read_text())]
+
+
+def per_layer(size: str) -> dict:
+    """Per-unit parameter shapes at full width (meta device): the root (embeddings, LM head, norms, the vision patch
+    embedding and merger), one decoder layer, one vision block, for LoRA and full fine-tuning."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+    from volta_ml.iglue_hf.finetune import shard_units
+    out = {}
+    for mode in ("lora", "full"):
+        with torch.device("meta"):
+            model = trainable_setup(Qwen2_5_VLForConditionalGeneration(qwen25_vl_config(size, 1, 1)).to(torch.bfloat16),
+                                    mode)
+        units = shard_units(model)
+        layer = next(u for u in units if "DecoderLayer" in type(u).__name__)
+        block = next(u for u in units if "VisionBlock" in type(u).__name__)
+        inside = {id(p) for u in (layer, block) for p in u.parameters()}
+        root = [(tuple(p.shape), p.element_size(), p.requires_grad) for p in model.parameters() if id(p) not in inside]
+        out[mode] = {"root": root, "layer": shapes(layer), "block": shapes(block),
+                     "largest_unit_params": max(sum(p.numel() for p in u.parameters()) for u in (layer, block)),
+                     "largest_unit_trained": max(sum(p.numel() for p in u.parameters() if p.requires_grad)
+                                                 for u in (layer, block))}
+    return out
+
+
+def per_rank_states(size: str, world: int, mode: str, layers: dict) -> dict:
+    """Parameters + gradients + optimizer state per rank (bytes) of the whole model at full depth, FSDP over `world`
+    processes (world 1: one process holding everything, i.e. DDP's per-rank figure)."""
+    text = QWEN25_VL[size]
+    total = {"params": 0, "grads": 0, "optimizer": 0, "total": 0}
+    for unit, count in (("root", 1), ("layer", text["num_hidden_layers"]), ("block", QWEN25_VISION["depth"])):
+        part = predicted_bytes(layers[mode][unit], world, sharded=True)
+        for key in total:
+            total[key] += part[key] * count
+    return total
+
+
+def gpus_needed(size: str, mode: str, layers: dict, gpu_gib: float = 80.0, usable: float = 0.75) -> tuple[int, float]:
+    """The fewest GPUs (1, 2, 4, ..., 64) whose per-GPU states + working set (the root unit and two decoder layers
+    gathered in bf16, one layer's fp32 gradient before its reduce-scatter) fit in `usable` of `gpu_gib` (the rest:
+    activations, CUDA context, fragmentation; activations are not counted here)."""
+    root = sum(math.prod(s) for s, _, _ in layers[mode]["root"])
+    working = (root + 2 * layers[mode]["largest_unit_params"]) * 2 + layers[mode]["largest_unit_trained"] * 4
+    for world in (1, 2, 4, 8, 16, 32, 64):
+        need = per_rank_states(size, world, mode, layers)["total"] + working
+        if need <= usable * gpu_gib * GIB:
+            return world, need / GIB
+    return 0, float("nan")
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--divisor", type=int, default=8, help="widths divided by this for the measured step")
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args(argv)
+    report = {"divisor": args.divisor, "measured": {}, "sizes": {}}
+    print(f"Qwen2.5-VL-72B architecture, 2 decoder layers + 2 vision blocks, widths / {args.divisor}; per-rank bytes "
+          f"of parameters + gradients + optimizer state after one training step (max over ranks)\n")
+    print("| training | ranks | DDP (MiB) | FSDP (MiB) | FSDP / DDP | bound 1/N + 0.10 | formula FSDP (MiB) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    ok = True
+    for world in args.ranks:
+        rows = measure(world, args.divisor)
+        for mode in ("lora", "full"):
+            held = {s: max(r["measured"]["total"] for r in rows if r["mode"] == mode and r["sharding"] == s)
+                    for s in ("ddp", "fsdp")}
+            formula = max(r["predicted"]["total"] for r in rows if r["mode"] == mode and r["sharding"] == "fsdp")
+            ratio = held["fsdp"] / held["ddp"]
+            bound = 1 / world + 0.10
+            ok &= ratio <= bound
+            report["measured"][f"{mode}/{world}"] = {"ddp": held["ddp"], "fsdp": held["fsdp"], "ratio": ratio,
+                                                     "bound": bound, "formula_fsdp": formula, "rows": rows}
+            print(f"| {mode} | {world} | {held['ddp'] / 2**20:.1f} | {held['fsdp'] / 2**20:.1f} | {ratio:.3f} | "
+                  f"{bound:.3f} | {formula / 2**20:.1f} |")
+    print(f"\nFSDP <= 1/N + 10% of DDP on every row: {'yes' if ok else 'NO'}\n")
+    print("Computed from the per-layer figures at full width (parameters + gradients + Adam state per GPU, GiB; "
+          "activations not included):\n")
+    print("| model | training | 1 GPU (DDP) | 2 | 4 | 8 | 16 | GPUs of 80 GB needed | per GPU then (GiB) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for size in QWEN25_VL:
+        layers = per_layer(size)
+        for mode in ("lora", "full"):
+            states = [per_rank_states(size, n, mode, layers)["total"] / GIB for n in (1, 2, 4, 8, 16)]
+            need, gib = gpus_needed(size, mode, layers)
+            report["sizes"][f"{size}/{mode}"] = {"states_gib": states, "gpus": need, "per_gpu_gib": gib}
+            print(f"| {size} | {mode} | " + " | ".join(f"{v:.1f}" for v in states) + f" | {need} | {gib:.1f} |")
+    report["bound_met"] = ok
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,427 @@
+"""How the processes of a run hold the trained model: `--sharding ddp` (the default) or `--sharding fsdp`.
+
+- `ddp` (`Replicated`): every rank holds the whole model, its gradients and its optimizer state;
+  DistributedDataParallel all-reduces the gradients (no all-reduce on the micro-batches that only accumulate).
+  The resume file is `pytorch_ckpt_latest.tar` with everything in it (`engine/checkpointing.py`).
+- `fsdp` (`FullySharded`): PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`). Each rank holds 1/N of every
+  parameter, gradient and optimizer state. The job names the units (`TrainJob.shard_units`: one per decoder layer
+  and per vision block of a Hugging Face model); each unit's parameters are all-gathered just before it runs and
+  freed after it (forward and backward), the rest (embeddings, heads, norms) form the root unit. Gradients are
+  reduce-scattered after every micro-batch, so they stay sharded between the micro-batches of an accumulated step
+  (ZeRO-3's trade: more communication, no unsharded gradient kept). `--amp bf16` becomes FSDP's mixed precision
+  policy (parameters all-gathered and computed in bf16, gradients reduced in fp32, the sharded parameters that the
+  optimizer updates kept in their own dtype); `--fsdp_offload` keeps the sharded parameters, their gradients and
+  the optimizer state in CPU memory (the optimizer steps on the CPU). The resume state is written with
+  `torch.distributed.checkpoint` (`save_sharded_state`): every rank writes its own shards into a new folder
+  `pytorch_ckpt_latest.shards/<id>/`, then rank 0 atomically replaces `pytorch_ckpt_latest.tar`, a small file
+  with the step, schedule, RNG states and the folder's name, and removes the older folders. A kill at any moment
+  leaves the previous `pytorch_ckpt_latest.tar` and the folder it names intact. The folder is re-sharded on load,
+  so a run may resume on another number of processes (a plain `--sharding ddp` run can also resume from it).
+
+`for_run(args, job, info)` picks the strategy; the training loop (`engine/train.py`) asks it to place the model,
+wrap it, run a micro-batch, gather its state for `pytorch_model_*.bin`, save and load the resume state, and
+evaluate. `gather_full_state(module)` is what a job's `on_best_saved` export uses to write a whole model: under
+FSDP every rank calls it (it is collective) and rank 0 gets the tensors.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from volta_ml.atomic import DISK_ERRNOS, WriteError
+from volta_ml.engine import checkpointing as ckpt
+from volta_ml.engine.distributed import DistInfo, barrier, broadcast_object, gather_objects
+from volta_ml.engine.failures import UsageError
+
+logger = logging.getLogger("volta_ml.train")
+
+SHARDS_NAME = "pytorch_ckpt_latest.shards"    # beside pytorch_ckpt_latest.tar: one folder per saved state
+
+
+def cast_trainable(module: nn.Module, dtype: torch.dtype | None) -> None:
+    """Trainable floating parameters of `module` to `dtype` (the optimizer's master copy), in place."""
+    if dtype is None:
+        return
+    with torch.no_grad():
+        for param in module.parameters():
+            if param.requires_grad and param.is_floating_point() and param.dtype != dtype:
+                param.data = param.data.to(dtype)
+
+
+def lift_scalars(model: nn.Module) -> list[str]:
+    """FSDP shards along dimension 0, so a 0-d parameter (CLIP's `logit_scale`) becomes a 1-element 1-d one, in
+    place (the same value; arithmetic broadcasts it alike). Marked, so that `gather_full_state` gives it back its
+    own shape. Returns the names."""
+    lifted = []
+    for name, module in model.named_modules():
+        for key, param in list(module.named_parameters(recurse=False)):
+            if param.dim() == 0:
+                setattr(module, key, nn.Parameter(param.detach().reshape(1), requires_grad=param.requires_grad))
+                module._volta_scalars = getattr(module, "_volta_scalars", set()) | {key}
+                lifted.append(f"{name}.{key}" if name else key)
+    return lifted
+
+
+def _is_sharded(module: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def gather_full_state(module: nn.Module) -> dict | None:
+    """`module.state_dict()` with whole tensors on the CPU, on rank 0; None on the other ranks. For a module with
+    sharded (FSDP) parameters it is collective: every rank must call it, in the same order."""
+    if not _is_sharded(module):
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return None
+        return {key: value.detach().cpu() for key, value in module.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() != 0:
+        return None
+    for prefix, owner in module.named_modules():
+        for key in getattr(owner, "_volta_scalars", ()):
+            name = f"{prefix}.{key}" if prefix else key
+            if name in state:
+                state[name] = state[name].reshape(())
+    return state
+
+
+class Replicated:
+    """`--sharding ddp`: the whole model on every rank, DistributedDataParallel across ranks."""
+    name = "ddp"
+    lockstep = False          # evaluation: each rank runs its own share of the batches
+    collective = False        # gathering the weights (model_state, gather_full_state): rank 0 alone
+
+    def __init__(self, args, job, info: DistInfo):
+        self.args, self.job, self.info = args, job, info
+
+    def describe(self) -> str:
+        return "ddp (every process holds the whole model)" if self.info.world_size > 1 else "one process"
+
+    def place(self, model: nn.Module) -> nn.Module:
+        cast_trainable(model, self.job.train_dtype)
+        return model.to(self.info.device)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if self.info.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+            model = DistributedDataParallel(model, device_ids=[self.info.device.index]
+                                            if self.info.device.type == "cuda" else None,
+                                            find_unused_parameters=True)
+        if self.args.compile:   # after DDP, so its bucketed all-reduce stays outside the compiled graphs
+            model = torch.compile(model)
+        return model
+
+    def micro_batch(self, model: nn.Module, is_step: bool):
+        """No gradient all-reduce on a micro-batch that only accumulates."""
+        return model.no_sync() if self.info.world_size > 1 and not is_step else contextlib.nullcontext()
+
+    def model_state(self, model: nn.Module) -> dict | None:
+        """What `pytorch_model_<N>.bin` holds (the bare model's state_dict), on rank 0; None elsewhere."""
+        if not self.info.is_main:
+            return None
+        return {key: value.detach().cpu() for key, value in ckpt.unwrap(model).state_dict().items()}
+
+    def save_latest(self, path: Path, model, optimizer, pending: bool, **fields) -> None:
+        rng = gather_objects(ckpt.capture_rng_state(), self.info)
+        grads = ({n: p.grad for n, p in ckpt.unwrap(model).named_parameters() if p.grad is not None}
+                 if pending else None)
+        if self.info.is_main:
+            ckpt.save_latest(path, model=model, optimizer=optimizer, rng_states=rng, pending_grads=grads, **fields)
+        barrier(self.info)
+
+    def load_latest(self, path, state: dict, model, optimizer) -> None:
+        """Model, optimizer and pending gradients of a resume file (the loop restores the rest)."""
+        if "sharded" in state:
+            load_sharded_state(path, state, model, optimizer)
+            return
+        model.load_state_dict(state["model_state_dict"])
+        if state["format"] != "volta":
+            optimizer.load_state_dict(state["optimizer_state_dict"])
+            params = dict(model.named_parameters())
+            for name, grad in state.get("pending_grads", {}).items():
+                params[name].grad = grad.to(params[name].device)
+
+    def evaluating(self, model: nn.Module):
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        pass
+
+
+class FullySharded(Replicated):
+    """`--sharding fsdp`: FSDP2 over all the processes of the run (one mesh dimension)."""
+    name = "fsdp"
+    lockstep = True           # evaluation: every rank runs as many forwards as the others (collectives inside)
+    collective = True         # gathering the weights: every rank takes part
+
+    def __init__(self, args, job, info: DistInfo):
+        super().__init__(args, job, info)
+        if job.shard_units is None:
+            raise UsageError("--sharding fsdp: this job's model cannot be sharded (Hugging Face models only: "
+                             "--hf_model)")
+        if job.interleaved is not None:
+            raise UsageError("--sharding fsdp: not with an interleaved second data set")
+        self.own_group = False
+        if not dist.is_initialized():   # one process: FSDP2 still needs a process group (of one)
+            backend = "nccl" if info.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            self.own_group = True
+
+    def describe(self) -> str:
+        policy = []
+        if self.args.amp == "bf16":
+            policy.append("bf16 parameters, fp32 gradient reduction")
+        if self.args.fsdp_offload:
+            policy.append("parameters, gradients and optimizer state offloaded to CPU memory")
+        return (f"fsdp over {self.info.world_size} process(es), each holding 1/{self.info.world_size} of the "
+                f"parameters, gradients and optimizer state" + (f"; {', '.join(policy)}" if policy else ""))
+
+    def _policies(self) -> dict:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+        kwargs = {}
+        if self.args.amp == "bf16":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if self.args.fsdp_offload:
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.info.device.type == "cuda")
+        return kwargs
+
+    def place(self, model: nn.Module) -> nn.Module:
+        """`fully_shard` on each unit, then on the model (the root unit). Each unit's trainable tensors are cast to
+        the job's `train_dtype` just before it is sharded, so no rank ever holds a whole model in that dtype."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh(self.info.device.type, (self.info.world_size,))
+        kwargs = self._policies()
+        lift_scalars(model)
+        units = self.job.shard_units(model)
+        if not units:
+            raise UsageError("--sharding fsdp: the model has no blocks to shard (no decoder layers or vision blocks "
+                             "found)")
+        for unit in units:
+            cast_trainable(unit, self.job.train_dtype)
+            fully_shard(unit, mesh=mesh, **kwargs)
+        cast_trainable(model, self.job.train_dtype)
+        fully_shard(model, mesh=mesh, **kwargs)
+        self.units = len(units)
+        return model
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def micro_batch(self, model: nn.Module, is_step: bool):
+        return contextlib.nullcontext()    # every micro-batch reduce-scatters: the gradients stay sharded
+
+    def model_state(self, model: nn.Module) -> dict | None:
+        return gather_full_state(model)
+
+    def save_latest(self, path: Path, model, optimizer, pending: bool, **fields) -> None:
+        save_sharded_state(path, model, optimizer, pending, self.info, **fields)
+
+    def load_latest(self, path, state: dict, model, optimizer) -> None:
+        if "sharded" not in state:
+            raise UsageError(f"--resume_file {path}: written by a --sharding ddp run (or by VOLTA); resume it with "
+                             f"--sharding ddp")
+        load_sharded_state(path, state, model, optimizer)
+
+    def evaluating(self, model: nn.Module):
+        """The root unit's parameters stay gathered during evaluation: a job's scoring may call the inner model
+        directly (the iglue-hf rules, `generate`), past the root's forward that would gather them."""
+        @contextlib.contextmanager
+        def gathered():
+            model.unshard()
+            try:
+                yield
+            finally:
+                model.reshard()
+        return gathered()
+
+    def close(self) -> None:
+        if self.own_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+SHARDINGS = {"ddp": Replicated, "fsdp": FullySharded}
+
+
+def check_flags(args) -> str:
+    """The `--sharding` name, after the checks the flags alone allow (one-line `UsageError`s); the command line runs
+    them before it builds anything."""
+    name = getattr(args, "sharding", "ddp") or "ddp"
+    if name not in SHARDINGS:
+        raise UsageError(f"--sharding {name}: unknown; known: {', '.join(SHARDINGS)}")
+    if getattr(args, "fsdp_offload", False) and name != "fsdp":
+        raise UsageError("--fsdp_offload: only with --sharding fsdp")
+    if name == "fsdp" and args.amp == "fp16":
+        raise UsageError("--sharding fsdp: --amp fp16 is not supported (its loss scaling); use --amp bf16")
+    if name == "fsdp" and args.compile:
+        raise UsageError("--sharding fsdp: --compile is not supported with sharding")
+    return name
+
+
+def for_run(args, job, info: DistInfo) -> Replicated:
+    """The strategy named by `--sharding` (one-line `UsageError` for a combination that cannot work)."""
+    return SHARDINGS[check_flags(args)](args, job, info)
+
+
+# ---- the sharded resume state ---------------------------------------------------------------------------------
+
+def _trainable(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: param for name, param in ckpt.unwrap(model).named_parameters() if param.requires_grad}
+
+
+def shard_folder(path, state: dict) -> Path:
+    return Path(path).parent / SHARDS_NAME / state["sharded"]["folder"]
+
+
+def _disk_error(error: BaseException) -> OSError | None:
+    """The disk error (full, read-only, quota) behind a failed checkpoint write, if that is what it was (a
+    CheckpointException carries each failed rank's (exception, traceback))."""
+    todo, seen = [error], set()
+    while todo:
+        current = todo.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_ERRNOS:
+            return current
+        todo += [current.__cause__, current.__context__]
+        todo += [pair[0] for pair in (getattr(current, "failures", None) or {}).values()]
+    return None
+
+
+def _optimizer_layout(optimizer, params: dict[str, torch.Tensor]) -> tuple[dict, dict, list]:
+    """(tensors, layout, groups) of the optimizer's state: its tensors by "<name>/<key>" for the checkpoint
+    folder; per parameter name and key either ["param", dtype] (shaped and sharded like the parameter),
+    ["tensor", shape, dtype] (a small replicated tensor) or ["value", v] (a plain value); and the parameter groups
+    without their tensors (learning rates and hyperparameters, as Optimizer.state_dict keeps them)."""
+    from torch.distributed.tensor import DTensor
+    tensors, layout = {}, {}
+    for name, param in params.items():
+        state = optimizer.state.get(param)
+        if not state:
+            continue
+        layout[name] = {}
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and (isinstance(value, DTensor) or value.shape == param.shape
+                                                    and value.dim() > 0):
+                layout[name][key] = ["param", str(value.dtype).removeprefix("torch.")]
+                tensors[f"{name}/{key}"] = value
+            elif isinstance(value, torch.Tensor):
+                layout[name][key] = ["tensor", list(value.shape), str(value.dtype).removeprefix("torch.")]
+                tensors[f"{name}/{key}"] = value
+            else:
+                layout[name][key] = ["value", value]
+    groups = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    return tensors, layout, groups
+
+
+def save_sharded_state(path: Path, model, optimizer, pending: bool, info: DistInfo, **fields) -> None:
+    """The resume state of an FSDP run: shards with torch.distributed.checkpoint into a new folder, then
+    `path` (pytorch_ckpt_latest.tar) atomically replaced by rank 0 to name it (module docstring). Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    rng = gather_objects(ckpt.capture_rng_state(), info)
+    name = broadcast_object(uuid.uuid4().hex[:12], info)
+    folder = Path(path).parent / SHARDS_NAME / name
+    params = _trainable(model)
+    grads = {n: p.grad for n, p in params.items() if p.grad is not None} if pending else {}
+    optim_tensors, layout, groups = _optimizer_layout(optimizer, params)
+    try:
+        dcp.save({"model": params, "optimizer": optim_tensors, "grads": grads}, checkpoint_id=str(folder))
+    except (Exception, CheckpointException) as error:   # any rank's failure reaches every rank
+        if info.is_main:
+            shutil.rmtree(folder, ignore_errors=True)
+        disk = _disk_error(error)
+        if disk is not None:
+            raise WriteError(Path(path), disk) from error
+        if isinstance(error, CheckpointException):   # a BaseException: make it an error the CLI reports
+            raise RuntimeError(f"writing {folder} failed: {error}") from error
+        raise
+    if info.is_main:
+        sharded = {"folder": name, "processes": info.world_size, "pending": sorted(grads),
+                   "optimizer": layout, "param_groups": groups,
+                   "shapes": {k: list(v.shape) for k, v in ckpt.unwrap(model).state_dict().items()}}
+        ckpt.save_latest(path, model=None, optimizer=None, rng_states=rng, pending_grads=None, sharded=sharded,
+                         **fields)
+        remove_stale_shards(Path(path).parent, keep=name)
+    barrier(info)
+
+
+def load_sharded_state(path, state: dict, model, optimizer) -> None:
+    """Model, optimizer and pending gradients from the folder `state` names, re-sharded onto this run's
+    processes (any number of them, FSDP or not)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    sharded = state["sharded"]
+    folder = shard_folder(path, state)
+    if not (folder / ".metadata").is_file():
+        raise UsageError(f"--resume_file {path}: its sharded state {folder} is missing or incomplete")
+    params = _trainable(model)
+    # a 0-d parameter was saved 1-d (`lift_scalars`): loaded through a 1-d view where this run keeps it 0-d
+    targets = {name: p.view(1) if p.dim() == 0 else p for name, p in params.items()}
+    missing = sorted(set(sharded["optimizer"]) - set(params)) + sorted(set(sharded["pending"]) - set(params))
+    if missing:
+        raise UsageError(f"--resume_file {path}: its sharded state holds tensors this model does not train "
+                         f"({', '.join(missing[:3])})")
+    pending = {name: torch.zeros_like(targets[name]) for name in sharded["pending"]}
+    optim_tensors, optim_state = {}, {}
+    for name, keys in sharded["optimizer"].items():
+        optim_state[name] = {}
+        for key, (kind, *spec) in keys.items():
+            if kind == "value":
+                optim_state[name][key] = spec[0]
+                continue
+            dtype = getattr(torch, spec[-1])
+            if kind == "param":
+                tensor = torch.zeros_like(targets[name], dtype=dtype)
+            else:
+                tensor = torch.zeros(spec[0], dtype=dtype, device=params[name].device)
+            optim_state[name][key] = optim_tensors[f"{name}/{key}"] = tensor
+    try:
+        dcp.load({"model": targets, "optimizer": optim_tensors, "grads": pending}, checkpoint_id=str(folder))
+    except (Exception, CheckpointException) as error:   # a folder of another model: name it, one line
+        first = (str(error).strip().splitlines() or [""])[-1]
+        raise UsageError(f"--resume_file {path}: its sharded state does not fit this model's trainable tensors "
+                         f"({type(error).__name__}: {first[:300]})") from None
+    if len(sharded["param_groups"]) != len(optimizer.param_groups):
+        raise UsageError(f"--resume_file {path}: {len(sharded['param_groups'])} optimizer parameter groups saved, "
+                         f"this run has {len(optimizer.param_groups)}")
+    for group, saved in zip(optimizer.param_groups, sharded["param_groups"]):
+        group.update(saved)
+    optimizer.state.clear()
+    for name, values in optim_state.items():
+        optimizer.state[params[name]] = {key: value.view(params[name].shape) if isinstance(value, torch.Tensor)
+                                         and value.shape != params[name].shape and value.numel() == 1
+                                         and params[name].dim() == 0 else value for key, value in values.items()}
+    for name, grad in pending.items():
+        params[name].grad = grad.view(params[name].shape)
+
+
+def remove_stale_shards(run_dir: Path, keep: str | None = None) -> None:
+    """Folders of `pytorch_ckpt_latest.shards/` other than `keep` (or than the one pytorch_ckpt_latest.tar names):
+    older states, and writes a kill interrupted."""
+    root = Path(run_dir) / SHARDS_NAME
+    if not root.is_dir():
+        return
+    if keep is None:
+        latest = Path(run_dir) / ckpt.LATEST_NAME
+        try:
+            keep = (ckpt.load_latest(latest).get("sharded") or {}).get("folder") if latest.exists() else None
+        except UsageError:
+            keep = None
+    for folder in root.iterdir():
+        if folder.name != keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        fd = os.open(root, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
