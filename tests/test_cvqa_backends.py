@@ -311,7 +311,11 @@ def test_backend_result_folders_feed_the_paper_report(release, tmp_path, fakes):
     micro = f"{opened['runs']['en-aware']['micro']:.2f}"
     assert re.search(rf"\| llava \(open\) \| mllm \| open \| - \| {re.escape(micro)} ± [0-9.]+ \|", report)
     normalised = f"{opened['variants']['length_normalised']['en-aware']['micro']:.2f}"
-    assert f"| llava (open) length_normalised | mllm | open | - | {normalised} |" in report
+    blind = f"{opened['text_only']['en-aware']['micro']:.2f}"
+    # the variant and the blind control from their per-question scores: with intervals, equal to the summaries
+    assert re.search(rf"\| llava \(open\) length_normalised \| mllm \| open \| - \| {re.escape(normalised)} ± [0-9.]+ \|",
+                     report), report
+    assert re.search(rf"\| llava \(open\) text-only \| blind \| open \| - \| {re.escape(blind)} ± [0-9.]+ \|", report), report
 
 
 def test_predictions_csv_holds_every_per_question_score(release, tmp_path, fakes):

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import helpers_report_cells as report_cells
+from volta_ml import stats
 from volta_ml.cvqa import paper
 from volta_ml.cvqa.collect import question_type
 from volta_ml.cvqa.data import CVQAQuestion
@@ -54,7 +56,10 @@ def predictions(right: set[int]) -> np.ndarray:
     return np.array([q.label if i in right else (q.label + 1) % 4 for i, q in enumerate(QUESTIONS)])
 
 
-def write_folder(folder: Path, backend, model, rule, conditions, blind) -> None:
+def write_folder(folder: Path, backend, model, rule, conditions, blind, legacy: bool = False) -> None:
+    """A result folder as `cvqa score` writes it: the text-only control's and the open rule's length-normalised
+    scores per question and option in the predictions files (`text_only_<k>`, `length_normalised_<k>`) and their
+    summaries in cvqa_results.json; `legacy`: the summaries only (a folder written before issue 23)."""
     folder.mkdir(parents=True)
     results = {"model": model, "model_revision": "0123abc", "revision": "datarev", "rule": rule, "runs": {},
                "text_only": {}, "variants": {}}
@@ -62,15 +67,26 @@ def write_folder(folder: Path, backend, model, rule, conditions, blind) -> None:
         results["backend"] = backend
     for condition, right in conditions.items():
         preds = predictions(right)
-        write_predictions(folder / f"predictions_{condition}.csv", QUESTIONS, preds, np.zeros((10, 4)), condition,
-                          "datarev")
-        results["runs"][condition] = accuracy_summary(QUESTIONS, preds)
-        if blind:
-            results["text_only"][condition] = accuracy_summary(QUESTIONS, predictions({1, 2}))
-        if rule == "open":      # the open rule's length-normalised variant, as summaries only
+        extra = {}
+        if rule == "open":      # the open rule's length-normalised variant
+            extra["length_normalised"] = np.eye(4)[predictions({3, 4, 5, 6})]
             results["variants"].setdefault("length_normalised", {})[condition] = accuracy_summary(
                 QUESTIONS, predictions({3, 4, 5, 6}))
+        if blind:
+            extra["text_only"] = np.eye(4)[predictions({1, 2})]
+            results["text_only"][condition] = accuracy_summary(QUESTIONS, predictions({1, 2}))
+        write_predictions(folder / f"predictions_{condition}.csv", QUESTIONS, preds, np.zeros((10, 4)), condition,
+                          "datarev", None if legacy else extra)
+        results["runs"][condition] = accuracy_summary(QUESTIONS, preds)
     (folder / "cvqa_results.json").write_text(json.dumps(results))
+
+
+NO_ITEMS = ("EN paper", "EN diff", "LOC paper", "LOC diff", "p")   # the paper's numbers, differences, p-values
+
+
+def bare_cells(folder: Path) -> list[tuple]:
+    """Every accuracy of the report shown without its interval (the random row is the expected 25%)."""
+    return report_cells.bare_cells(folder, NO_ITEMS, ("random",))
 
 
 def report(*args: str) -> subprocess.CompletedProcess:
@@ -141,6 +157,36 @@ def test_table3_every_cell_paper_column_and_difference(out):
                      r"21\.10 \| 20\.00 ± \d+\.\d\d \| 36\.50 \| -16\.50 \|", md)
     tex = (out / "table3_overall.tex").read_text()
     assert r"\begin{tabular}{llllrrrrrrrrrr}" in tex and r"LLaVA-1.5-7B (letter) & mllm & letter" in tex
+    # the text-only control and the length-normalised variant: intervals from their per-question scores, the gap
+    # paired over the same questions
+    pairs = [q.country + "-" + q.language for q in QUESTIONS]
+    blind = np.array([100.0 * (i in {1, 2}) for i in range(10)])
+    for model, right in (("ctrl_xuniter.bin text-only", {1, 2}), ("LLaVA-1.5-7B (open) length_normalised", {3, 4, 5, 6})):
+        values = np.array([100.0 * (i in right) for i in range(10)])
+        iv, macro = stats.interval(values, pairs), stats.interval(values, pairs, average="macro")
+        row = table[model]
+        assert (number(row["EN ci_low"]), number(row["EN ci_high"])) == (round(iv.low, 4), round(iv.high, 4))
+        assert (number(row["EN macro ci_low"]), number(row["EN macro ci_high"])) == \
+            (round(macro.low, 4), round(macro.high, 4))
+    paired = stats.compare_items(dict(enumerate(blind)), dict(enumerate(blind)), dict(enumerate(pairs)))
+    assert number(table["ctrl_xuniter.bin text-only"]["EN-LOC gap ci_high"]) == round(paired.high, 4) == 0.0
+
+
+def test_every_accuracy_cell_has_its_interval(out, tmp_path):
+    """No accuracy without its interval in any table of the report (the paper's numbers, the differences from
+    them and the random row have no per-question data); a folder written before the per-question control scores
+    existed still shows its summaries, without one."""
+    from volta_ml.cli import main
+
+    assert bare_cells(out) == []
+    write_folder(tmp_path / "runs" / "old", *FOLDERS["zoo"], legacy=True)
+    assert main(["cvqa", "report", str(tmp_path / "runs"), "--out", str(tmp_path / "report"), "--no-plots",
+                 "--resamples", "50"]) == 0
+    bare = bare_cells(tmp_path / "report")
+    assert {cell[0] for cell in bare} == {"table3_overall.md", "cvqa_paper_report.md"}
+    assert sorted({cell[1:] for cell in bare}) == sorted(
+        ("ctrl_xuniter.bin text-only", column, value) for column, value in
+        (("EN", "20.00"), ("LOC", "20.00"), ("EN-LOC gap", "0.00"), ("EN macro", "16.67"), ("LOC macro", "16.67")))
 
 
 def test_table7_aware_and_agnostic(out):
@@ -273,7 +319,6 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
 def test_intervals_format_errors_and_a_baseline_equal_to_compare(tmp_path, capsys):
     """Every accuracy with its interval (questions resampled within their pair), the generate rule's unparsed
     answers per prompt, and `--baseline`'s table with the numbers `volta-ml compare` prints."""
-    from volta_ml import stats
     from volta_ml.cli import main
 
     write_folder(tmp_path / "runs" / "letter", *FOLDERS["llava_letter"])
@@ -301,6 +346,7 @@ def test_intervals_format_errors_and_a_baseline_equal_to_compare(tmp_path, capsy
     assert set(errors) == {"en-aware", "loc-aware"} and errors["en-aware"]["model"] == "other-llava (generate)"
     assert number(errors["en-aware"]["format errors"]) == 20.0 and number(errors["loc-aware"]["format errors"]) == 0.0
     baseline = {(r["prompt"], r["average"]): r for r in rows(out / "baseline_comparison.csv")}
+    assert bare_cells(out) == []          # the baseline table's A and B values too
     capsys.readouterr()
     assert main(["compare", str(generate), str(tmp_path / "runs" / "letter"), "--out", str(tmp_path / "c")]) == 0
     assert "| cvqa | en-aware micro | other-llava (generate) | LLaVA-1.5-7B (letter) |" in capsys.readouterr().out

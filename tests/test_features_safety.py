@@ -229,3 +229,65 @@ def test_half_written_legacy_layouts_refused(tmp_path, images):
         w.abort()  # a crash: close() never ran
         with pytest.raises(IncompleteStoreError):
             open_store(dst)
+
+
+def _damaged_store(tmp_path, fmt: str) -> tuple[str, list[str]]:
+    """160 one-region images written by the project's writer (small records: many leaf pages), the live leaf
+    holding image `img0100` (td-LMDB: its record `00000100`) zeroed, LMDB's header left valid; the store and the
+    keys that leaf held."""
+    from helpers_lmdb_pages import damage_page, live_leaf_holding
+
+    path = str(tmp_path / f"{fmt}.lmdb")
+    with open_writer(path, fmt) as writer:
+        for i, (image_id, img) in enumerate(L.random_images(160, boxes=1, dim=4, seed=1).items()):
+            writer.put(f"img{i:04d}", img["features"], img["boxes"], img["img_w"], img["img_h"])
+    data = os.path.join(path, "data.mdb")
+    page, keys = live_leaf_holding(data, b"00000100" if fmt == "td-lmdb" else b"img0100")
+    damage_page(data, page)
+    return path, [k.decode() for k in keys]
+
+
+def test_damaged_lmdb_data_pages_are_one_line_naming_store_and_key(tmp_path, capsys):
+    """A store whose LMDB header is valid but one of whose data pages is damaged (lmdb.CorruptedError at read
+    time): `volta-ml features verify` ends with one line naming the store and the key (native: the page; listing
+    its keys steps through every leaf, and LMDB aborts the process on a damaged one, so the tree is checked
+    first: in a subprocess), exit 2, no traceback; a VOLTA LMDB's verify lists the unreadable record among its
+    errors; a read in a DataLoader worker ends the run with the same one line, exit 2."""
+    import sys
+
+    import torch
+
+    from volta_ml.cli import main
+    from volta_ml.engine.failures import describe
+
+    native, _ = _damaged_store(tmp_path, "native")
+    proc = subprocess.run([sys.executable, "-m", "volta_ml.cli", "features", "verify", native], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"volta-ml features verify: error: {native}: cannot read the LMDB while listing its records (page "
+        f"{proc.stderr.split('(page ')[1].split(' ')[0]} is not the tree page it should be: it reads as page 0, "
+        "flags 0x0): its data pages are damaged (an interrupted copy or a failing disk): copy or rebuild the store"]
+    td, keys = _damaged_store(tmp_path, "td-lmdb")
+    assert main(["features", "verify", td]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"volta-ml features verify: error: {td} [key '{keys[0]}']: cannot read the LMDB "
+                                        "(CorruptedError: mdb_get: MDB_CORRUPTED: Located page was wrong type): its "
+                                        "data pages are damaged (an interrupted copy or a failing disk): copy or "
+                                        "rebuild the store"]
+    volta, keys = _damaged_store(tmp_path, "volta-lmdb")
+    assert main(["features", "verify", volta]) == 1
+    out = capsys.readouterr().out
+    listed = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert listed == [f"error: {volta} [key '{k}']: cannot read the LMDB (CorruptedError: mdb_get: MDB_CORRUPTED: Located "
+                      "page was wrong type): its data pages are damaged (an interrupted copy or a failing disk): copy "
+                      "or rebuild the store" for k in keys] and out.endswith("FAILED\n"), out
+
+    view = RegionView(volta)
+    loader = torch.utils.data.DataLoader([f"img{i:04d}" for i in range(95, 105)], num_workers=2, batch_size=2,
+                                         collate_fn=lambda ids: [view.arrays(i)[0].sum() for i in ids])
+    with pytest.raises(Exception) as caught:
+        list(loader)
+    code, line = describe(caught.value)
+    assert code == 2 and "MDB_CORRUPTED" in line and "\n" not in line, line
+    assert any(line.startswith(f"{volta} [key '{k}']: cannot read the LMDB") for k in keys), line

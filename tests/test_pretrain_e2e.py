@@ -424,6 +424,32 @@ def test_a_truncated_lmdb_is_one_line_before_training(site, tmp_path):
     assert "***** Training *****" not in proc.stderr
 
 
+def test_a_damaged_lmdb_page_is_one_line_naming_store_and_key(site, tmp_path, capsys):
+    """train_task.py on a VOLTA LMDB (the project's writer; small records, so many leaf pages) whose header is
+    valid but whose leaf holding the annotation's images is zeroed (lmdb.CorruptedError when read): one line
+    naming the store and the image, exit 2, before any training."""
+    from helpers_lmdb_pages import damage_page, live_leaf_holding
+    from volta_ml.cli import train_task
+
+    store = tmp_path / "data/flickr30k/features/flickr30k_boxes36.lmdb"
+    make_store(store, [str(1000 + i) for i in range(8)] + [str(5000 + i) for i in range(150)], FEATURE_DIM,
+               boxes_range=(1, 1))
+    page, keys = live_leaf_holding(store / "data.mdb", b"1000")
+    damage_page(store / "data.mdb", page)
+    code = train_task.main(["--bert_model", str(site["bert"]), "--do_lower_case", "--config_file", str(site["config"]),
+                            "--from_pretrained", "", "--device", "cpu", "--no_cache", "--tasks_config_file", TRAINVAL,
+                            "--task", "19", "--data_root", str(tmp_path / "data"), "--train_annotations_jsonpath",
+                            str(site["tmp"] / "ve.jsonl"), "--val_annotations_jsonpath", str(site["tmp"] / "ve.jsonl"),
+                            "--num_epoch", "1", "--batch_size", "4", "--num_workers", "2", "--output_dir",
+                            str(tmp_path / "ft"), "--logdir", str(tmp_path / "tb")])
+    assert code == 2
+    line = _last_line(capsys.readouterr().err)
+    assert line == (f"train_task.py: error: {store} [key '1000']: cannot read the LMDB (CorruptedError: mdb_get: "
+                    "MDB_CORRUPTED: Located page was wrong type): its data pages are damaged (an interrupted copy or "
+                    "a failing disk): copy or rebuild the store"), line
+    assert b"1000" in keys
+
+
 def test_a_garbage_lmdb_is_one_line_naming_it(site, tmp_path, capsys):
     """data.mdb of random bytes, and random bytes after a valid LMDB header (lmdb.InvalidError / lmdb.Error)."""
     from volta_ml.pretrain.cli import main

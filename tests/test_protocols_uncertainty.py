@@ -23,7 +23,8 @@ LANGS = ("en", "ar", "fr")
 def write_cell(root: Path, protocol: str, model: str, task: str, lang: str, seed: int, items: dict[str, dict],
                extra: dict | None = None) -> None:
     """A finished cell: result.json with the metrics (the mean of each item column) and its per-item file."""
-    cell = root / protocol / model / task / lang / f"seed{seed}"
+    shot = (extra or {}).get("shot")
+    cell = root / protocol / model / task / lang / ("" if shot is None else shot) / f"seed{seed}"
     stats.write_items(cell / "eval" / "test_items.jsonl", [{"id": k, **v} for k, v in items.items()])
     metrics = {}
     for values in items.values():
@@ -57,6 +58,9 @@ def runs(tmp_path_factory):
         write_cell(root / side, "zero_shot", model, "xflickrco", "de", 0, items)
     generate = {f"q{i}": {"score": 100.0 * (i % 3 == 0), "parse_failure_rate": 100.0 * (i % 5 == 0)} for i in range(40)}
     write_cell(root / "a", "zero_shot", "llava", "xvnli", "ar", 0, generate, {"rule": "generate"})
+    for lang in ("ar", "fr"):            # few-shot: uc2 with 1 and 5 shots, the same 40 test items
+        for shot, p in (("1", 0.55), ("5", 0.65)):
+            write_cell(root / "a", "few_shot", "uc2", "xvnli", lang, 0, correct(rng, 40, p), {"shot": shot})
     return root
 
 
@@ -104,6 +108,32 @@ def test_report_intervals_seeds_and_format_errors(runs, tmp_path):
     errors = rows(out / "format_errors.csv")
     assert [(r["model"], r["column"], float(r["format_error_rate"])) for r in errors] == [("llava", "ar", 20.0)]
     assert float(errors[0]["ci_low"]) < 20.0 < float(errors[0]["ci_high"])
+
+
+def test_few_shot_auc_intervals_and_no_bare_cell(runs, tmp_path):
+    """The few-shot AUC (table and summary) with its interval: each test item's AUC over the shots (linear, so
+    their mean is the cell's AUC), bootstrapped; the average over languages resampled within each language. No
+    score cell of any table is left without its interval (p-values are not scores)."""
+    from helpers_report_cells import bare_cells
+
+    assert volta_ml(["report", str(runs), "--out", str(tmp_path / "r"), "--no_plots", "--baseline", "m3p"]) == 0
+    out = tmp_path / "r"
+    per_lang = {}
+    for lang in ("ar", "fr"):
+        shots = [stats.read_items(runs / "a" / f"few_shot/uc2/xvnli/{lang}/{shot}/seed0/eval/test_items.jsonl")
+                 for shot in ("1", "5")]
+        per_lang[lang] = [(shots[0][k]["score"] + shots[1][k]["score"]) / 2 for k in shots[0]]   # trapezoid / 4
+    cells = {(r["model"], r["column"]): r for r in rows(out / "uncertainty" / "XVNLI_fewshot_auc.csv")}
+    for lang, values in per_lang.items():
+        iv = stats.interval(values)
+        row = cells[("uc2", lang)]
+        assert float(row["value"]) == pytest.approx(np.mean(values))
+        assert (float(row["ci_low"]), float(row["ci_high"]), row["items"]) == (iv.low, iv.high, "40")
+    mean = stats.interval(per_lang["ar"] + per_lang["fr"], ["ar"] * 40 + ["fr"] * 40, average="macro")
+    assert (float(cells[("uc2", "avg")]["ci_low"]), float(cells[("uc2", "avg")]["ci_high"])) == (mean.low, mean.high)
+    summary = next(line for line in (out / "XVNLI_summary.md").read_text().splitlines() if line.startswith("| uc2 |"))
+    assert summary.endswith(f"| {mean.estimate:.2f} ± {mean.half_width:.2f} |"), summary
+    assert bare_cells(out, exempt_columns=("p",)) == []
 
 
 def test_report_baseline_shows_the_numbers_of_compare(runs, tmp_path, capsys):

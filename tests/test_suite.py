@@ -305,6 +305,90 @@ def test_bad_inputs_are_one_line_exit_2(suite, tmp_path, capsys):
         assert re.search(pattern, lines[0]), (pattern, lines[0])
 
 
+def test_images_that_do_not_decode_are_scored_without_and_listed(suite, tmp_path, capsys, monkeypatch):
+    """As cvqa score and iglue-hf (hf/photos.py), from the CLI: a truncated image file (MaXM over XM3600's images,
+    and XM3600 retrieval), a truncated parquet cell (MTVQA), an empty zip member stacked with two good ones
+    (Kaleidoscope): exit 0, one stderr line, `failed_images` naming each, the question scored without it (a blank
+    in a stacked canvas); a resumed run (every chunk reused) lists them too. A member missing from the zip is one
+    line, exit 2."""
+    import io
+    import zipfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from helpers_fake_backends import FakeGenerative, install
+    from volta_ml.hf.loading import blank_image
+    from volta_ml.suite.images import stack
+
+    install(monkeypatch)
+    images = tmp_path / "images"
+    shutil.copytree(suite["xm3600"]["images"], images)
+    whole = (images / "000411001ff7dd4f.jpg").read_bytes()
+    (images / "000411001ff7dd4f.jpg").write_bytes(whole[: len(whole) // 2])
+    mtvqa = tmp_path / "mtvqa" / "test-00000-of-00001.parquet"
+    mtvqa.parent.mkdir()
+    rows = pq.read_table(next(Path(suite["mtvqa"]).rglob("*.parquet"))).to_pylist()
+    rows[0]["image"] = {"bytes": rows[0]["image"]["bytes"][:len(rows[0]["image"]["bytes"]) // 2], "path": "cut.png"}
+    pq.write_table(pa.Table.from_pylist(rows), mtvqa)
+    kal = tmp_path / "kal"
+    shutil.copytree(suite["kaleidoscope"], kal)
+    with zipfile.ZipFile(Path(suite["kaleidoscope"]) / "data.zip") as source, \
+            zipfile.ZipFile(kal / "data.zip", "w") as archive:
+        for member in source.namelist():
+            archive.writestr(member, b"" if member.endswith("o1.png") else source.read(member))
+    cases = {  # task, lang, --data, flags, {failed name: what the decoder says}
+        "maxm": ("en", suite["maxm"], ["--images", str(images)],
+                 {str(images / "000411001ff7dd4f.jpg"): "OSError"}),
+        "xm3600_retrieval": ("en", suite["xm3600"]["captions"], ["--images", str(images)],
+                             {str(images / "000411001ff7dd4f.jpg"): "OSError"}),
+        "mtvqa": ("ja", mtvqa.parent, [], {f"{mtvqa} row 0 column image": "OSError"}),
+        "kaleidoscope": ("uk", kal, [], {f"{kal / 'data.zip'}:final_data/data/UA_physics/images/o1.png":
+                                         "UnidentifiedImageError"}),
+    }
+    for task, (lang, data, flags, damaged) in cases.items():
+        out = tmp_path / task
+        argv = ["--task", task, "--lang", lang, "--data", str(data), *flags, "--backend",
+                "clip" if task == "xm3600_retrieval" else "mllm", "--model", "/models/fake", "--output_dir", str(out),
+                "--chunk_size", "1", "--batch_size", "2", "--keep_chunks", "--no_progress"]
+        for run in ("first", "resumed"):
+            code, err = _cli(argv, capsys)
+            assert code == 0 and "Traceback" not in err, (task, err)
+            warning = [line for line in err.splitlines() if "failed to decode" in line]
+            assert len(warning) == 1 and warning[0].startswith(f"suite: 1 photo(s) failed to decode (first: "
+                                                               f"{next(iter(damaged))}: "), err
+            assert run == "first" or "reused" in err, err
+            results = json.loads((out / "suite_results.json").read_text())
+            assert list(results["failed_images"]) == list(damaged), (task, run)
+            for name, kind in damaged.items():
+                assert results["failed_images"][name].startswith(kind), results["failed_images"]
+                assert "0x" not in results["failed_images"][name], results["failed_images"]   # no memory address
+        if task == "xm3600_retrieval":
+            continue
+        # the reference, one question at a time with a fresh fake: a damaged image is None (a stacked blank)
+        opts = options(suite, task, lang, out, data=str(data), images=flags[1] if flags else None)
+        found = TASKS[task].reader(resolve(opts["data"]), lang, opts)
+        fake, expected = FakeGenerative(), []
+        for item in found.items:
+            shown = [None if found.store.name(k) in damaged else found.store.load(k) for k in item.images]
+            if len(shown) > fake.max_images:
+                shown = [stack([blank_image() if im is None else im for im in shown])]
+            expected.append(fake.generate([shown], [TASKS[task].prompt(item, "generate", None)],
+                                          TASKS[task].max_new_tokens)[0])
+        predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+        assert [p["generated"] for p in predictions] == expected, task
+        assert any(None in [None if found.store.name(k) in damaged else 1 for k in item.images]
+                   for item in found.items)
+    with zipfile.ZipFile(kal / "data.zip", "w") as archive:
+        archive.writestr("final_data/data/UA_physics/images/q1.png", b"")
+    code, err = _cli(["--task", "kaleidoscope", "--lang", "uk", "--data", str(kal), "--backend", "mllm", "--model",
+                      "/models/fake", "--output_dir", str(tmp_path / "missing")], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("volta-ml suite: error: 3 of the 4 images the kaleidoscope uk questions show are not in "
+                          f"{kal / 'data.zip'}; first missing: {kal / 'data.zip'}:final_data/data/UA_physics/images/"), err
+
+
 def test_published_rows_and_the_sources_own_aggregates():
     """A source that prints only en and mul (Centurio's Table 5) shows its mul where the table has every language
     of the benchmark, nothing where it does not; per-language rows reproduce the mean their source prints."""
@@ -438,3 +522,9 @@ def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
     assert (row["A"], row["B"]) == ("vlm (generate)", "vlm (letter)")
     assert (float(row["difference"]), float(row["ci_low"]), float(row["p_value"])) == \
         (expected.difference, expected.low, expected.p_value)
+    # no score without its interval but the published rows' (no items) and p-values
+    from helpers_report_cells import bare_cells
+    published = {r.split(",")[0] for name in ("MTVQA", "M3Exam", "Kaleidoscope", "XM3600_retrieval_ir_r1",
+                                              "XM3600_retrieval_tr_r1", "suite_summary")
+                 for r in (report / f"{name}.csv").read_text().splitlines() if "(published)" in r}
+    assert bare_cells(report, exempt_columns=("p",), exempt_rows=published) == []

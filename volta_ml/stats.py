@@ -24,9 +24,10 @@ constant of every resample; a cell whose items are all equal has the interval [v
 
 Paired comparisons (`paired_test`, `compare_items`)
 ---------------------------------------------------
-The difference `a - b` of the same statistic on the same items, with a paired (stratified) bootstrap interval of
-the difference (the bootstrap of the per-item differences, drawn as `interval` draws; for a mean the same as
-resampling the pairs) and a two-sided p-value from a paired permutation test: under the null hypothesis each
+The difference `a - b` of the same statistic on the same items (each side's value with its own `interval` over
+those items, as a table cell shows it), with a paired (stratified) bootstrap interval of the difference (the
+bootstrap of the per-item differences, drawn as `interval` draws; for a mean the same as resampling the pairs)
+and a two-sided p-value from a paired permutation test: under the null hypothesis each
 item's two values are exchangeable, so the sign of its difference flips (`sign_flip_p_value`): exact over all 2^n
 sign patterns when 2^n <= `n_permutations`, otherwise approximate randomisation with `n_permutations` random
 patterns and p = (k + 1) / (n_permutations + 1). (`scipy.stats.permutation_test(permutation_type="samples")` is
@@ -256,9 +257,20 @@ class Comparison:
     n_permutations: int = N_PERMUTATIONS
     seed: int = SEED
     groups: int = 1
+    a_low: float | None = None      # each side's own (unpaired) bootstrap interval over the paired items
+    a_high: float | None = None
+    b_low: float | None = None
+    b_high: float | None = None
 
     def text(self, digits: int = 2, style: str = "pm") -> str:
         return format_estimate(self.difference, self.low, self.high, digits, style)
+
+    def side_text(self, side: str, digits: int = 2, style: str = "pm") -> str:
+        """Side A's (or B's) value over the paired items with its own interval, as a table cell shows it."""
+        value, low, high = (self.a, self.a_low, self.a_high) if side == "A" else (self.b, self.b_low, self.b_high)
+        if low is None:
+            return f"{value:.{digits}f}"
+        return format_estimate(value, low, high, digits, style)
 
     def missing_text(self, limit: int = 5) -> str:
         """`2 only in A (q1, q7); 1 only in B (q9)`, or "" when both sides have the same items."""
@@ -290,9 +302,11 @@ def paired_test(a: Sequence[float], b: Sequence[float], groups: Sequence[str] | 
     p_value, exact = sign_flip_p_value(ordered * weights, n_permutations, seed)
     stat_a = interval_estimate(a, groups, average)
     stat_b = interval_estimate(b, groups, average)
+    side = dict(average=average, confidence=confidence, n_resamples=n_resamples, seed=seed, method=method)
+    iv_a, iv_b = interval(a, groups, **side), interval(b, groups, **side)
     return Comparison(stat_a, stat_b, diff.estimate, diff.low, diff.high, p_value, int(a.size), exact,
                       tuple(only_a), tuple(only_b), confidence, diff.method, n_resamples, n_permutations, seed,
-                      len(keys))
+                      len(keys), iv_a.low, iv_a.high, iv_b.low, iv_b.high)
 
 
 def sign_flip_p_value(contributions: np.ndarray, n_permutations: int = N_PERMUTATIONS,

@@ -29,8 +29,8 @@ from volta_ml.options import complete_options
 from .backends import build_scorer
 from .data import HIDDEN_LABEL, CVQADataset, load_cvqa
 from .prompts import CONDITIONS, parse_condition
-from .report import accuracy_summary, en_loc_gap, plot_pairs, write_predictions, write_submission, write_tables
-from .zoo import predict
+from .report import (accuracy_summary, en_loc_gap, plot_pairs, predict, predicted, write_predictions, write_submission,
+                     write_tables)
 
 DEFAULTS = {
     "revision": None, "conditions": list(CONDITIONS), "template": None, "rule": "letter", "model": None,
@@ -261,9 +261,5 @@ def _write_results(args, dataset, scorer, header, scores, failures, timing, out_
 
 
 def _predictions(arrays: dict) -> np.ndarray:
-    """The predicted option per question. With the generate rule an unparsed answer predicts nothing (-1): it is
-    counted wrong, as generation-based harnesses count it (not option A by the all-zero scores' tie rule)."""
-    predictions = predict(arrays["score"])
-    if "parse_failed" in arrays:
-        predictions = np.where(arrays["parse_failed"][:, 0] > 0, -1, predictions)
-    return predictions
+    """The predicted option per question (`report.predicted`: an unparsed answer of the generate rule is -1)."""
+    return predicted(arrays["score"], arrays.get("parse_failed"))

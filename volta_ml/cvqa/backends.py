@@ -1,7 +1,7 @@
 """CVQA scoring backends: one interface, one table.
 
 A scorer turns a batch of questions (with their decoded photos) into per-option scores under one prompt
-condition; higher is better and the prediction is the best option (ties to the lowest index, `zoo.predict`):
+condition; higher is better and the prediction is the best option (ties to the lowest index, `report.predict`):
 
     scorer.score(questions, photos, condition, blind) -> {"score": [N, 4] float64, <variant>: [N, 4], ...}
 

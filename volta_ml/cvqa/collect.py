@@ -3,11 +3,16 @@
 (e.g. one sweep cell per condition) are merged into one table row.
 
 Accuracies are recomputed from the per-question predictions, so every breakdown (also ones a run did not
-write, like the question types) is available and comes from unrounded counts.
+write, like the question types) is available and comes from unrounded counts. The text-only control and the rule's
+variants (e.g. the open rule's length_normalised) are recomputed the same way from their per-question scores in
+the same files (`text_only_<k>`, `<variant>_<k>` columns, written since issue 23, turned into predictions by the
+rule `cvqa score` applies: `report.predicted`); a folder written before has only their summaries in
+`cvqa_results.json`, which are shown without an interval.
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -20,12 +25,14 @@ from volta_ml.stats import unique_ids
 from .data import HIDDEN_LABEL
 from .paper import paper_category, paper_image_source, paper_row
 from .prompts import CONDITIONS
-from .report import group_accuracy, macro
+from .report import PREDICTION_COLUMNS, group_accuracy, macro, predicted
 
 RESULTS_FILE = "cvqa_results.json"
 UNPARSED = -1          # the Prediction of an answer the generate rule could not parse (backend_run.py)
 QUESTION_TYPES = ("what", "how", "why", "where", "who", "which")
 _WH = re.compile(r"\b(" + "|".join(QUESTION_TYPES) + r")\b", re.IGNORECASE)
+_OPTION_COLUMN = re.compile(r"^(.+)_([0-3])$")
+TEXT_ONLY = "text-only"          # the blind control's name in the tables; its columns are `text_only_<k>`
 
 
 class ReportInputError(ValueError):
@@ -47,6 +54,17 @@ class Predictions:
     groups: dict[str, list[str]]          # pair, category, image_type, question_type -> one key per question
     revisions: frozenset[str] = frozenset()   # the data revision(s) named in the file
     ids: list[str] = field(default_factory=list)   # the question IDs (pair two runs question by question)
+    scores: dict[str, np.ndarray] = field(default_factory=dict)   # more per-option scores: name -> [Q, 4]
+
+    def control(self, name: str) -> "Predictions | None":
+        """The same questions as predicted by the text-only control (`TEXT_ONLY`) or a variant of the rule, from
+        their per-question scores in this file (None when the file has none): the prediction `cvqa score` made
+        of them (`report.predicted`; the blind generate rule's unparsed answers are -1)."""
+        column = "text_only" if name == TEXT_ONLY else name
+        if column not in self.scores:
+            return None
+        flags = self.scores.get(f"{column}_parse_failed") if name == TEXT_ONLY else None
+        return dataclasses.replace(self, prediction=predicted(self.scores[column], flags), scores={})
 
     @property
     def labelled(self) -> np.ndarray:
@@ -99,9 +117,15 @@ class Run:
     paper: str | None
     folders: list[Path] = field(default_factory=list)
     conditions: dict[str, Predictions] = field(default_factory=dict)
-    # accuracy summaries the run wrote without per-question files: "text-only" (the blind control) and the
-    # rule's variants (e.g. the open rule's length_normalised), each {condition: accuracy_summary}
+    # the text-only control (`TEXT_ONLY`) and the rule's variants (e.g. the open rule's length_normalised), each
+    # {condition: Predictions} from the per-question scores of the predictions files (`controls`), or, for a
+    # folder written before those columns existed, {condition: accuracy_summary} from cvqa_results.json
+    controls: dict[str, dict[str, Predictions]] = field(default_factory=dict)
     summaries: dict[str, dict[str, dict]] = field(default_factory=dict)
+
+    def extras(self) -> list[str]:
+        """The names of the text-only control and the variants this run has, in the order the run wrote them."""
+        return list(dict.fromkeys(list(self.controls) + list(self.summaries)))
 
     @property
     def label(self) -> str:
@@ -130,12 +154,31 @@ def read_predictions(path: Path) -> Predictions:
         line = next((i + 2 for i, r in enumerate(rows) if not (r["Prediction"].lstrip("-").isdigit()
                                                                 and r["Label"].lstrip("-").isdigit())), "?")
         raise ReportInputError(f"{path} line {line}: Prediction and Label must be integers ({err})") from None
+    scores = {}
+    names = [m.group(1) for c in rows[0] if c not in PREDICTION_COLUMNS and (m := _OPTION_COLUMN.match(c))]
+    for name in dict.fromkeys(names):
+        columns = [f"{name}_{k}" for k in range(4)]
+        if not all(c in rows[0] for c in columns):
+            continue
+        try:
+            scores[name] = np.array([[float(r[c]) for c in columns] for r in rows], dtype=np.float64)
+        except (TypeError, ValueError) as err:
+            line = next((i + 2 for i, r in enumerate(rows) if not _floats(r, columns)), "?")
+            raise ReportInputError(f"{path} line {line}: {name}_0..3 must be numbers ({err})") from None
     groups = {"pair": [r["pair"] for r in rows], "category": [paper_category(r["category"]) for r in rows],
               "image_type": [paper_image_source(r["image_type"]) for r in rows]}
     if "question_en" in rows[0]:
         groups["question_type"] = [question_type(r["question_en"]) for r in rows]
     return Predictions(path, prediction, label, groups, frozenset(r.get("revision") or "unknown" for r in rows),
-                       unique_ids(r["ID"] for r in rows))
+                       unique_ids(r["ID"] for r in rows), scores)
+
+
+def _floats(row: dict, columns: list[str]) -> bool:
+    try:
+        [float(row[c]) for c in columns]
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _condition(path: Path) -> tuple[str, str] | None:
@@ -193,9 +236,14 @@ def load_runs(paths: list[str | Path], aliases: dict[str, str] | None = None) ->
             if folder not in run.folders:
                 run.folders.append(folder)
             if not variant:
-                extra = {"text-only": results.get("text_only") or {}, **(results.get("variants") or {})}
+                extra = {TEXT_ONLY: results.get("text_only") or {}, **(results.get("variants") or {})}
                 for name, by_condition in extra.items():
-                    if condition in by_condition:
+                    if condition not in by_condition:
+                        continue
+                    control = run.conditions[condition].control(name)
+                    if control is not None:
+                        run.controls.setdefault(name, {})[condition] = control
+                    else:
                         run.summaries.setdefault(name, {})[condition] = by_condition[condition]
     return list(runs.values())
 

@@ -51,7 +51,8 @@ def baseline_table(runs: list[Run], baseline: str, options: Options) -> Table:
     table = Table("baseline_comparison", f"Paired differences from the baseline {baseline} (A − B, B = baseline)",
                   ["prompt", "average", "A", "B", "A value", "B value", "A − B", "p", "paired questions",
                    "missing questions / note"],
-                  note=f"A − B with its {options.confidence:.0%} paired bootstrap interval (questions resampled within "
+                  note=f"A and B: each run's accuracy over the paired questions with its {options.confidence:.0%} "
+                       f"bootstrap interval; A − B with its paired bootstrap interval (questions resampled within "
                        f"their country-language pair); p: paired permutation test; `volta-ml compare` gives the same "
                        f"numbers.")
     for run in runs:
@@ -63,6 +64,7 @@ def baseline_table(runs: list[Run], baseline: str, options: Options) -> Table:
             if r is None:
                 table.rows.append([condition, average, cell.a, cell.b, None, None, None, None, None, cell.note])
                 continue
-            table.rows.append([condition, average, cell.a, cell.b, r.a, r.b, Measured(r.difference, r.low, r.high),
+            table.rows.append([condition, average, cell.a, cell.b, Measured(r.a, r.a_low, r.a_high),
+                               Measured(r.b, r.b_low, r.b_high), Measured(r.difference, r.low, r.high),
                                f"{r.p_value:.4f}", r.n, r.missing_text() or "-"])
     return table

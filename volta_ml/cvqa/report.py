@@ -22,6 +22,22 @@ PREDICTION_COLUMNS = ["ID", "Prediction", "Label", "pair", "category", "image_ty
 BREAKDOWNS = {"pair": lambda q: q.pair, "category": lambda q: q.category, "image_type": lambda q: q.image_type}
 
 
+def predict(scores: np.ndarray) -> np.ndarray:
+    """Best option per row of `scores [Q, 4]`; ties (and NaN rows) go to the lowest index."""
+    scores = np.where(np.isnan(scores), -np.inf, np.asarray(scores, dtype=np.float64))
+    return np.argmax(scores, axis=1)   # numpy returns the first maximal index
+
+
+def predicted(scores: np.ndarray, parse_failed: np.ndarray | None = None) -> np.ndarray:
+    """The predicted option per question. With the generate rule (`parse_failed [Q, 4]`, the flag in column 0)
+    an unparsed answer predicts nothing (-1): it is counted wrong, as generation-based harnesses count it (not
+    option A by the all-zero scores' tie rule)."""
+    predictions = predict(scores)
+    if parse_failed is not None:
+        predictions = np.where(np.asarray(parse_failed)[:, 0] > 0, -1, predictions)
+    return predictions
+
+
 def _percent(correct: int, total: int) -> float | None:
     """Unrounded: averages and differences are taken from these, and only printing rounds."""
     return 100.0 * correct / total if total else None

@@ -11,7 +11,10 @@ Every accuracy computed from per-question predictions carries its bootstrap inte
 volta_ml/stats.py): questions resampled within their country-language pair; micro = over questions, macro = over
 pairs; the EN-LOC gap's is the paired interval (the same questions in both prompts). Markdown/LaTeX show
 `56.30 ± 1.20` (or `56.30 [55.10, 57.50]`), the CSV adds `<column> ci_low` / `<column> ci_high` columns after the
-existing ones. Accuracies a run wrote without per-question files (text-only control, rule variants) have none.
+existing ones. The text-only control's and the rule variants' rows (`<model> text-only`, `<model> length_normalised`)
+come from their per-question scores in the same predictions files and carry intervals the same way; only a folder
+written before those columns existed shows its summaries without. The paper's numbers, the differences from them,
+an EN-LOC gap over prompts that scored different questions, and the random row (the expected 25%) have none.
 `format_errors` (only when a run has unparsed answers or the generate rule): % of questions whose answer named no
 option, per run and prompt.
 """
@@ -27,7 +30,7 @@ from volta_ml.atomic import atomic_open
 from volta_ml.stats import Options, format_estimate
 
 from . import paper
-from .collect import QUESTION_TYPES, Predictions, Run
+from .collect import QUESTION_TYPES, TEXT_ONLY, Predictions, Run
 from .report import RANDOM_ACCURACY
 
 RUN_COLUMNS = ["model", "backend", "rule", "paper model"]
@@ -132,19 +135,34 @@ def table3(runs: list[Run], options: Options) -> Table:
                           [gap(run.conditions.get("en-aware"), run.conditions.get("loc-aware"), options),
                            _macro(run, "en-aware", options), _macro(run, "loc-aware", options),
                            len(any_preds.label)])
-        for name, by_condition in run.summaries.items():      # text-only control, rule variants
-            en_s, loc_s = by_condition.get("en-aware"), by_condition.get("loc-aware")
-            if not (en_s or loc_s):
-                continue
-            value = lambda summary, key: summary[key] if summary else None  # noqa: E731
-            en, loc = value(en_s, "micro"), value(loc_s, "micro")
-            table.rows.append([f"{run.label} {name}", "blind" if name == "text-only" else run.backend,
-                               run.rule or "-", "-"] + _en_loc(en, loc, None) +
-                              [_diff(en, loc), value(en_s, "macro"), value(loc_s, "macro"),
-                               (en_s or loc_s)["questions"]])
+        for name in run.extras():                               # text-only control, rule variants
+            row = _control_row(run, name, options)
+            if row is not None:
+                table.rows.append([f"{run.label} {name}", "blind" if name == TEXT_ONLY else run.backend,
+                                   run.rule or "-", "-"] + row)
     table.rows.append(["random", "-", "-", "-"] + _en_loc(RANDOM_ACCURACY, RANDOM_ACCURACY, None)
                       + [0.0, RANDOM_ACCURACY, RANDOM_ACCURACY, ""])
     return table
+
+
+def _control_row(run: Run, name: str, options: Options) -> list | None:
+    """Table 3's cells (EN / LOC with the paper's empty columns, gap, macros, questions) of the text-only control
+    or a rule variant: from the per-question predictions, with intervals as the run's own row; from the summaries
+    of an older folder (no per-question scores), without."""
+    cells = {}
+    for condition in ("en-aware", "loc-aware"):
+        preds = run.controls.get(name, {}).get(condition)
+        summary = run.summaries.get(name, {}).get(condition)
+        if preds is not None:
+            cells[condition] = (preds, measured(preds, options), measured(preds, options, average="macro"),
+                                len(preds.label))
+        elif summary:
+            cells[condition] = (None, summary["micro"], summary["macro"], summary["questions"])
+    if not cells:
+        return None
+    (en_p, en, en_macro, _), (loc_p, loc, loc_macro, _) = (cells.get(c, (None,) * 4) for c in ("en-aware", "loc-aware"))
+    difference = gap(en_p, loc_p, options) if en_p is not None and loc_p is not None else _diff(en, loc)
+    return _en_loc(en, loc, None) + [difference, en_macro, loc_macro, next(iter(cells.values()))[3]]
 
 
 def _breakdown(name: str, title: str, column: str, group: str, runs: list[Run], reference: dict | None,

@@ -25,6 +25,7 @@ from volta_ml.models import itm_match_score
 
 from .data import CVQAQuestion
 from .prompts import EncodedTexts, encode_option_texts, option_texts
+from .report import predict
 
 NUM_OPTIONS = 4
 
@@ -78,12 +79,6 @@ class MatchingScorer:
         logits = self.model(batch["input_txt"], batch["input_imgs"], batch["image_loc"], self.task_id,
                             batch["token_type_ids"], batch["attention_mask"], batch["image_attention_mask"])
         return logits[:, 0].float()
-
-
-def predict(scores: np.ndarray) -> np.ndarray:
-    """Best option per row of `scores [Q, 4]`; ties (and NaN rows) go to the lowest index."""
-    scores = np.where(np.isnan(scores), -np.inf, np.asarray(scores, dtype=np.float64))
-    return np.argmax(scores, axis=1)   # numpy returns the first maximal index
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import lmdb
 
-from .lmdb_values import PROCESS, LmdbValues
+from .lmdb_values import PROCESS, LmdbValues, ReadOnlyLmdb
 from .records import FeatureRecord, FeatureDimError, FeatureStoreError, MissingImageError
 
 
@@ -170,11 +170,12 @@ def open_lmdb_readonly(path: str) -> lmdb.Environment:
 # inherits the parent's registration.  So read-only environments are shared per
 # process: every store on the same path uses one, and a child closes the copy it
 # inherited (safe with lock=False: it only unmaps the child's own mapping) before
-# opening its own.
-_SHARED_ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
+# opening its own. What is handed out is a `ReadOnlyLmdb`: an LMDB error met while
+# reading through it is the store's one-line error naming the key (lmdb_values).
+_SHARED_ENVS: dict[str, tuple[int, ReadOnlyLmdb]] = {}
 
 
-def shared_readonly_env(path: str) -> lmdb.Environment:
+def shared_readonly_env(path: str) -> ReadOnlyLmdb:
     pid = os.getpid()
     entry = _SHARED_ENVS.get(path)  # fast path: callers on the hot path pass the real path
     if entry is not None and entry[0] == pid:
@@ -188,7 +189,7 @@ def shared_readonly_env(path: str) -> lmdb.Environment:
             entry[1].close()
         except lmdb.Error:
             pass
-    env = open_lmdb_readonly(key)
+    env = ReadOnlyLmdb(open_lmdb_readonly(key), path, lmdb_data_file(key))
     _SHARED_ENVS[key] = (pid, env)
     return env
 

@@ -21,7 +21,8 @@ def _lmdb_kind(path: str) -> str:
         for fmt, marker in lmdb_markers():
             if txn.get(marker) is not None:
                 return fmt
-        first = next(txn.cursor().iternext(keys=True, values=False), b"")
+        cursor = txn.cursor()
+        first = cursor.key() if cursor.first() else b""
     if first.isdigit() and len(first) == 8:
         raise IncompleteStoreError(path, "td-LMDB without its b'__keys__' record: half-written "
                                    "(tensorpack writes it last)")

@@ -62,7 +62,7 @@ class NativeStore(LmdbStoreMixin, FeatureStore):
     def keys_list(self) -> list[str]:
         if self._keys is None:
             with self.handle.begin() as txn:
-                keys = [k.decode() for k in txn.cursor().iternext(keys=True, values=False)]
+                keys = [k.decode() for k in txn.cursor().keys()]
             self._keys = [k for k in keys if k.encode() != META_KEY]
         return self._keys
 

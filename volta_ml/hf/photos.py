@@ -9,17 +9,24 @@ One mechanism for every pipeline that reads photos for an HF model (`cvqa score`
 - Scoring (`cvqa score`, `iglue-hf`) passes a `failed` dict: the photo is then None, `failed[name]` holds the
   reason, and the example is scored without its image (the backends' meaning of None: the blind control's input);
   the run lists every such photo in its results file (`failed_images`) and says so in one stderr line
-  (`failure_line`). A run never stops for one bad photo among thousands.
+  (`failure_line`). A run never stops for one bad photo among thousands. The failures of a chunk are saved with its
+  scores (`failure_rows`: one row per example, a column per image, "" where it decoded) so that a resumed or
+  sharded run lists them too (`failed_in`); `cvqa score` keeps them in a side file per chunk instead.
 - Training passes no `failed` dict: a photo it cannot decode ends the run with one line naming the file (the
   example cannot be trained on as it is, and dropping it silently would change what is trained).
 """
 from __future__ import annotations
 
-from typing import Callable
+import re
+from typing import Callable, Sequence
 
+import numpy as np
 from PIL import Image
 
 from .loading import photo_rgb
+
+
+IN_MEMORY = re.compile(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 
 
 class UnreadablePhoto(ValueError):
@@ -46,7 +53,9 @@ def decode_photo(open_image: Callable[[], Image.Image], name: str, *, failed: di
             photo.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
         return photo
     except Exception as err:   # whatever the decoder raises for bad bytes (OSError, SyntaxError, zlib.error, ...)
-        reason = str(err) if isinstance(err, UnreadablePhoto) else f"{type(err).__name__}: {err}"
+        # the repr of an in-memory file (its address) would make two runs' results differ: left out
+        said = IN_MEMORY.sub("", str(err))
+        reason = said if isinstance(err, UnreadablePhoto) else f"{type(err).__name__}: {said}"
         if failed is None:
             raise UnreadablePhoto(f"{name}: cannot decode the image ({reason})") from None
         failed[name] = reason
@@ -58,3 +67,18 @@ def failure_line(failed: dict, results_file) -> str:
     first = next(iter(failed.items()))
     return (f"{len(failed)} photo(s) failed to decode (first: {first[0]}: {first[1]}); listed in {results_file} "
             "(failed_images), their examples scored without the image")
+
+
+def failure_rows(failed: dict | None, names_per_row: Sequence[Sequence[str]], width: int | None = None) -> np.ndarray:
+    """[rows, width] of the decode failures (`failed[name]`, "" = decoded) of the photos each row (example)
+    showed, padded with "" to `width` columns (default: the most photos of a row; a run whose examples show
+    different numbers of photos passes its largest, so that every chunk has the same columns)."""
+    rows = [[(failed or {}).get(name, "") for name in names] for names in names_per_row]
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    return np.array([r + [""] * (width - len(r)) for r in rows], dtype=str).reshape(len(rows), width)
+
+
+def failed_in(reasons: np.ndarray, names_per_row: Sequence[Sequence[str]]) -> dict[str, str]:
+    """{name: reason} of every photo `failure_rows` marked, in row order: the run's `failed_images`."""
+    return {name: reason for names, row in zip(names_per_row, reasons.tolist())
+            for name, reason in zip(names, row) if reason}

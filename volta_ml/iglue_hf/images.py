@@ -98,13 +98,15 @@ class ImageSource:
     def failures(self, refs_per_row) -> np.ndarray:
         """[rows, images per row] of the decode failures of the rows just loaded ("" = read), saved with the
         scores of a chunk so that a resumed or sharded run lists them too (`failed_paths`)."""
-        rows = [[(self.failed or {}).get(str(self.path(ref)), "") for ref in refs] for refs in refs_per_row]
-        return np.array(rows, dtype=str).reshape(len(rows), -1)
+        from volta_ml.hf.photos import failure_rows
+
+        return failure_rows(self.failed, [[str(self.path(ref)) for ref in refs] for refs in refs_per_row])
 
     def failed_paths(self, reasons: np.ndarray, refs_per_row) -> dict[str, str]:
         """{path: reason} of every image `failures` marked, in row order."""
-        return {str(self.path(ref)): reason for refs, row in zip(refs_per_row, reasons.tolist())
-                for ref, reason in zip(refs, row) if reason}
+        from volta_ml.hf.photos import failed_in
+
+        return failed_in(reasons, [[str(self.path(ref)) for ref in refs] for refs in refs_per_row])
 
 
 def side_by_side(left: Image.Image | None, right: Image.Image | None, gap: int = 0) -> Image.Image:

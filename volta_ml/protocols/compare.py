@@ -37,7 +37,8 @@ def compare_runs(run_a: Path, run_b: Path, options: Options, row_a: str | None =
 def write_comparison(comparisons: list[CellComparison], title: str, options: Options, digits: int,
                      out_dir: Path | None, stem: str = "compare") -> str:
     """The Markdown table (returned) and, with `out_dir`, `<stem>.csv` and `<stem>.md` there."""
-    text = markdown(compare_md_header(options), [c.markdown_row(digits) for c in comparisons], title)
+    text = markdown(compare_md_header(options), [c.markdown_row(digits, options.style) for c in comparisons],
+                    title)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"{stem}.csv").write_text(_csv([COMPARE_HEADER] + [c.csv_row() for c in comparisons]),

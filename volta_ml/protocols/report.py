@@ -8,7 +8,7 @@ Per task (and per retrieval direction), files named like IGLUE's `results/<task>
   still averaged, as IGLUE's scrapers do. The same tables as Markdown (`.md`) and LaTeX (`.tex`), where a
   missing score shows as "–" and makes the average "–" rather than a misleading number.
 - `<Title>_summary.*`: zero-shot / translate-test / few-shot averages side by side, with the few-shot AUC.
-- `<Title>_fewshot_auc.*`: AUC per model and language.
+- `<Title>_fewshot_auc.*`: AUC per model and language (its interval: over the test items' own AUCs, `auc_stats`).
 Scores of several seeds are averaged. Scores of different scoring rules never are: a model with records of more
 than one rule for a task (e.g. `volta-ml iglue-hf` XVNLI runs with `--rule letter` and `--rule likelihood`,
 both named after the model folder) gets one row per rule, `<model> (<rule>)`.
@@ -32,8 +32,8 @@ from volta_ml.stats import Options
 
 from .iglue import TASKS, shot_count
 from .uncertainty import (
-    AVG, COMPARE_HEADER, UNCERTAINTY_HEADER, ItemFiles, cell_text, compare_md_header, compare_rows, table_stats,
-    uncertainty_rows,
+    AVG, COMPARE_HEADER, UNCERTAINTY_HEADER, CellStats, ItemFiles, cell_text, compare_md_header, compare_rows,
+    seed_items, table_stats, uncertainty_rows,
 )
 
 MISSING = -1.0
@@ -210,23 +210,81 @@ def build_tables(records: list[dict]) -> list[tuple[str, Table]]:
     return out
 
 
-def auc_table(agg: dict, task: str, metric: str) -> tuple[list[str], dict[str, dict[str, float]]] | None:
-    """model -> lang -> few-shot AUC over the shots that have a score."""
+def few_shot_curves(by_cell: dict, task: str, metric: str) -> dict:
+    """model -> lang -> [(shot count, what `by_cell` holds for that shot: a score, or the records)]; `by_cell` is
+    keyed (protocol, task, metric, shot) -> model -> lang, as `aggregate` and `grouped` are."""
     curves: dict = defaultdict(lambda: defaultdict(list))
-    for (protocol, t, m, shot), models in agg.items():
+    for (protocol, t, m, shot), models in by_cell.items():
         if protocol == "few_shot" and t == task and m == metric:
             for model, langs in models.items():
                 for lang, v in langs.items():
                     curves[model][lang].append((shot_count(shot), v))
+    return curves
+
+
+def auc_table(agg: dict, task: str, metric: str) -> tuple[list[str], dict[str, dict[str, float]]] | None:
+    """model -> lang -> few-shot AUC over the shots that have a score."""
     values = {model: {l: a for l, pts in langs.items() if (a := auc(pts)) is not None}
-              for model, langs in curves.items()}
+              for model, langs in few_shot_curves(agg, task, metric).items()}
     values = {m: v for m, v in values.items() if v}
     return values or None
 
 
+AUC_MEAN = "mean"   # the summary's few-shot AUC: the mean over every language the model has an AUC in
+
+
+def auc_stats(cells: dict, task: str, metric: str, targets: list[str], files: ItemFiles,
+              options: Options) -> dict[tuple[str, str], CellStats]:
+    """(model, language | `avg` | `mean`) -> CellStats of the few-shot AUC. The AUC is linear in the scores, so the
+    cell's AUC is the mean of its items' AUCs (each test item's curve over the shots, its values averaged over
+    seeds as a cell's are): the interval bootstraps those (every shot must have scored the same items; else no
+    interval, with the reason). `avg` (the AUC table's, over `targets`, only where the model has them all) and
+    `mean` (the summary's, over the model's languages) resample within each language."""
+    out: dict[tuple[str, str], CellStats] = {}
+    for model, langs in few_shot_curves(cells, task, metric).items():
+        per_lang: dict[str, dict | None] = {}
+        for lang, points in langs.items():
+            value = auc([(x, float(np.mean([float(r["metrics"][metric]) for r in recs]))) for x, recs in points])
+            if value is None:
+                continue
+            stats = CellStats(value)
+            items, stats.note = _auc_items(points, metric, files)
+            if items:
+                stats.interval, stats.items = options.interval(list(items.values())), len(items)
+            out[(model, lang)], per_lang[lang] = stats, items
+        spans = [(AVG, targets if set(targets) <= set(per_lang) else []), (AUC_MEAN, list(per_lang))]
+        for name, over in spans:
+            if not over:
+                continue
+            stats = CellStats(float(np.mean([out[(model, l)].value for l in over])))
+            if all(per_lang[l] for l in over):
+                values = {f"{l}/{i}": v for l in over for i, v in per_lang[l].items()}
+                groups = [key.split("/", 1)[0] for key in values]
+                stats.interval = options.interval(list(values.values()), groups, average="macro")
+                stats.items = len(values)
+            else:
+                stats.note = "a language without an interval"
+            out[(model, name)] = stats
+    return out
+
+
+def _auc_items(points: list[tuple[float, list[dict]]], metric: str, files: ItemFiles) -> tuple[dict | None, str]:
+    """{item: the AUC of its scores over the shots}, or (None, why not)."""
+    per_shot = []
+    for x, recs in points:
+        items, why = seed_items(recs, metric, files)
+        if items is None:
+            return None, why
+        per_shot.append((x, items))
+    ids = per_shot[0][1]
+    if any(set(items) != set(ids) for _, items in per_shot[1:]):
+        return None, "the shots scored different items"
+    return {i: auc([(x, items[i]) for x, items in per_shot]) for i in ids}, ""
+
+
 def summary_rows(task: str, metric: str, agg: dict, tables: dict[str, Table], infix: str):
-    """Header, rows of values, and per column the (table stem, column) a value comes from (None: the model name
-    and the AUC, which have no interval)."""
+    """Header, rows of values, and per column the (table stem, column) a value comes from (None: the model
+    name); the few-shot AUC's is (`<Title>_fewshot_auc`, `mean`)."""
     title = TASKS[task].title
     zero, mt = tables.get(f"{title}{infix}_0"), tables.get(f"{title}{infix}_0.mt")
     shots = sorted({k[3] for k in agg if k[:3] == ("few_shot", task, metric)}, key=shot_count)
@@ -236,7 +294,8 @@ def summary_rows(task: str, metric: str, agg: dict, tables: dict[str, Table], in
     header = ["model", "en", "zero-shot", "translate-test"] + [f"{s}-shot" for s in shots] + \
              (["few-shot AUC"] if aucs else [])
     refs = [None, (f"{title}{infix}_0", "en"), (f"{title}{infix}_0", AVG), (f"{title}{infix}_0.mt", AVG)]
-    refs += [(f"{title}{infix}_{s}", AVG) for s in shots] + ([None] if aucs else [])
+    refs += [(f"{title}{infix}_{s}", AVG) for s in shots]
+    refs += [(f"{title}{infix}_fewshot_auc", AUC_MEAN)] if aucs else []
     rows = []
     for m in models:
         def avg_of(table):
@@ -280,22 +339,31 @@ def write_report(records: list[dict], out_dir: Path, digits: int = 2, options: O
         written.append(path)
     by_stem = dict(tables)
     agg = aggregate(records)
+    cells = grouped(records)
     for task in TASKS:
         title = TASKS[task].title
         for infix, metric in metrics_of(task):
             if not any(t.task == task and stem.startswith(f"{title}{infix}_") for stem, t in tables):
                 continue
+            aucs = auc_table(agg, task, metric)
+            auc_stem = f"{title}{infix}_fewshot_auc"
+            if aucs:
+                table = Table(task, title, aucs, False)
+                stats[auc_stem] = auc_stats(cells, task, metric, table.targets, files, options)
+                emit(auc_stem, table.to_csv(), table.header(), table.rows_for_display(digits, stats[auc_stem],
+                                                                                        options.style),
+                     f"{title}{infix}: few-shot AUC")
+                path = out_dir / "uncertainty" / f"{auc_stem}.csv"
+                path.parent.mkdir(exist_ok=True)
+                path.write_text(_csv([UNCERTAINTY_HEADER] + uncertainty_rows(table, stats[auc_stem], options)),
+                                encoding="utf-8")
+                written.append(path)
             header, rows, refs = summary_rows(task, metric, agg, by_stem, infix)
             csv_rows = [[r[0]] + ["" if v is None else repr(float(v)) for v in r[1:]] for r in rows]
             shown = [[r[0]] + [cell_text(v, stats.get(ref[0], {}).get((r[0], ref[1])) if ref else None, digits,
                                          options.style) for v, ref in zip(r[1:], refs[1:])] for r in rows]
             emit(f"{title}{infix}_summary", _csv([header] + csv_rows), header, shown,
                  f"{title}{infix}: protocols side by side")
-            aucs = auc_table(agg, task, metric)
-            if aucs:
-                table = Table(task, title, aucs, False)
-                emit(f"{title}{infix}_fewshot_auc", table.to_csv(), table.header(),
-                     table.rows_for_display(digits), f"{title}{infix}: few-shot AUC")
     write_seeds(tables, stats, digits, emit)
     write_format_errors(tables, stats, digits, emit)
     if baseline is not None:
@@ -350,7 +418,8 @@ def write_baseline(tables, baseline: str, files, options: Options, digits: int, 
                    if row != baseline
                    for cell in compare_rows(stem, table, row, table, baseline, table.metric, files, options)]
     emit("baseline", _csv([COMPARE_HEADER] + [c.csv_row() for c in comparisons]), compare_md_header(options),
-         [c.markdown_row(digits) for c in comparisons], f"paired differences from the baseline row {baseline}")
+         [c.markdown_row(digits, options.style) for c in comparisons],
+         f"paired differences from the baseline row {baseline}")
 
 
 def _csv(rows: list[list[str]]) -> str:

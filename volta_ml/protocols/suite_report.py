@@ -177,7 +177,7 @@ def write_suite_report(records: list[dict], out_dir: Path, digits: int = 2, opti
         cells = [cell for stem, table in tables if baseline in table.sources for row in table.sources
                  if row != baseline
                  for cell in compare_rows(stem, table, row, table, baseline, table.metric, files, options)]
-        emit_comparison = [c.markdown_row(digits) for c in cells]
+        emit_comparison = [c.markdown_row(digits, options.style) for c in cells]
         for suffix, text in ((".csv", _csv([COMPARE_HEADER] + [c.csv_row() for c in cells])),
                              (".md", markdown(compare_md_header(options), emit_comparison,
                                               f"the suite: paired differences from the baseline row {baseline}")),

@@ -179,7 +179,8 @@ def uncertainty_rows(table, stats: dict[tuple[str, str], CellStats], options: Op
 
 # --- comparisons of two rows ---------------------------------------------------------------------------------------
 COMPARE_HEADER = ["table", "column", "A", "B", "A_value", "B_value", "difference", "ci_low", "ci_high", "p_value",
-                  "exact", "paired_items", "only_in_A", "only_in_B", "note"]
+                  "exact", "paired_items", "only_in_A", "only_in_B", "note", "A_ci_low", "A_ci_high", "B_ci_low",
+                  "B_ci_high"]
 
 
 @dataclass
@@ -195,16 +196,18 @@ class CellComparison:
     def csv_row(self) -> list[str]:
         r = self.result
         if r is None:
-            return [self.table, self.column, self.a, self.b] + [""] * 10 + [self.note]
+            return [self.table, self.column, self.a, self.b] + [""] * 10 + [self.note] + [""] * 4
         return [self.table, self.column, self.a, self.b, repr(r.a), repr(r.b), repr(r.difference), repr(r.low),
                 repr(r.high), repr(r.p_value), str(r.exact).lower(), str(r.n), " ".join(r.only_a), " ".join(r.only_b),
-                self.note]
+                self.note] + [_num(v) for v in (r.a_low, r.a_high, r.b_low, r.b_high)]
 
-    def markdown_row(self, digits: int) -> list[str]:
+    def markdown_row(self, digits: int, style: str = "pm") -> list[str]:
+        """A and B with their own intervals over the paired items (`style`), the difference with its paired one."""
         r = self.result
         if r is None:
             return [self.table, self.column, self.a, self.b, "–", "–", "–", "–", "–", self.note]
-        return [self.table, self.column, self.a, self.b, f"{r.a:.{digits}f}", f"{r.b:.{digits}f}",
+        return [self.table, self.column, self.a, self.b, r.side_text("A", digits, style),
+                r.side_text("B", digits, style),
                 f"{r.difference:+.{digits}f} [{r.low:+.{digits}f}, {r.high:+.{digits}f}]", f"{r.p_value:.4f}",
                 str(r.n), "; ".join(x for x in (r.missing_text(), self.note) if x)]
 

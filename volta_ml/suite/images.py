@@ -1,7 +1,14 @@
 """Where a suite task's images come from: files under a folder, cells of the release's parquet shards, members
 of a zip archive. Every store checks its keys before any scoring (`check`: one `MissingImagesError` line naming
-how many are missing and the first few) and loads one as an RGB `PIL.Image` (`load`). A question with more
-images than the model takes gets them stacked into one canvas (`stack`)."""
+how many are missing and the first few; a parquet cell without bytes is refused by the reader) and loads one as an
+RGB `PIL.Image` (`load`). A question with more images than the model takes gets them stacked into one canvas
+(`stack`).
+
+An image that is there but cannot be decoded (empty, truncated, corrupt) is handled as `cvqa score` and `iglue-hf`
+handle it (`volta_ml.hf.photos`): `load` returns None, `failed` maps the image's `name` (its path, `<shard> row
+<r> column <c>`, `<archive>:<member>`) to the reason, the question is scored without that image, and the run lists
+it in `suite_results.json` (`failed_images`; `failures` / `failed_in` keep them with each chunk's scores so that
+a resumed or sharded run lists them too)."""
 from __future__ import annotations
 
 import io
@@ -15,14 +22,30 @@ from volta_ml.digest import file_digest, stat_digest
 from volta_ml.iglue_hf.images import SHOWN_MISSING, ImageRef, ImageSource, MissingImagesError
 
 
-def _rgb(data: bytes, where: str) -> Image.Image:
-    from volta_ml.hf.loading import photo_rgb   # here: the command line imports this module without torch
+class _Decoding:
+    """What the three stores share: the decode failures of the images loaded so far, and their chunk rows."""
 
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            return photo_rgb(image)
-    except (OSError, ValueError) as err:
-        raise MissingImagesError(f"{where}: not a readable image ({err})") from None
+    failed: dict[str, str]
+
+    def name(self, key) -> str:
+        raise NotImplementedError
+
+    def _decode(self, open_image, key) -> Image.Image | None:
+        from volta_ml.hf.photos import decode_photo   # here: the command line imports this module without torch
+
+        return decode_photo(open_image, self.name(key), failed=self.failed)
+
+    def failures(self, keys_per_row, width: int):
+        """[rows, width] of the decode failures of the rows just loaded (`hf.photos.failure_rows`)."""
+        from volta_ml.hf.photos import failure_rows
+
+        return failure_rows(self.failed, [[self.name(k) for k in keys] for keys in keys_per_row], width)
+
+    def failed_in(self, reasons, keys_per_row) -> dict[str, str]:
+        """{name: reason} of every image `failures` marked: the run's `failed_images`."""
+        from volta_ml.hf.photos import failed_in
+
+        return failed_in(reasons, [[self.name(k) for k in keys] for keys in keys_per_row])
 
 
 def _missing(missing: list[str], total: int, what: str, where: str) -> None:
@@ -31,13 +54,17 @@ def _missing(missing: list[str], total: int, what: str, where: str) -> None:
                                  f"{', '.join(missing[:SHOWN_MISSING])}")
 
 
-class FileImages:
+class FileImages(_Decoding):
     """Images as files: a key is a path relative to `root` (`{file}` of the template) or an id the template
     turns into one (`{id}.jpg`)."""
 
     def __init__(self, root: str | Path, template: str = "{file}"):
-        self.source = ImageSource(root, template)
+        self.source = ImageSource(root, template, scoring=True)
         self.root = Path(root)
+        self.failed = self.source.failed
+
+    def name(self, key: str) -> str:
+        return str(self.path(key))
 
     @staticmethod
     def ref(key: str) -> ImageRef:
@@ -51,7 +78,7 @@ class FileImages:
         _missing([str(self.path(k)) for k in keys if not self.path(k).is_file()], len(keys), what,
                  f"under {self.root} (template {self.source.template!r})")
 
-    def load(self, key: str) -> Image.Image:
+    def load(self, key: str) -> Image.Image | None:
         return self.source.load(self.ref(key))
 
     def digest(self, keys) -> dict:
@@ -59,12 +86,13 @@ class FileImages:
                 "images_stat": stat_digest([self.path(k) for k in dict.fromkeys(keys)], str(self.root))}
 
 
-class ParquetImages:
+class ParquetImages(_Decoding):
     """Images embedded in parquet shards (the Hugging Face `Image` feature: a struct {bytes, path}); a key is
     (shard index, row, column). A row group is read when one of its images is loaded (the last two are kept)."""
 
     def __init__(self, shards: list[Path]):
         self.shards = list(shards)
+        self.failed: dict[str, str] = {}
         self._groups: OrderedDict = OrderedDict()
         self._starts: dict[int, list[int]] = {}
 
@@ -84,7 +112,11 @@ class ParquetImages:
     def check(self, keys, what: str) -> None:
         """The readers only make keys of cells that hold image bytes; nothing is left to check here."""
 
-    def load(self, key) -> Image.Image:
+    def name(self, key) -> str:
+        shard, row, column = key
+        return f"{self.shards[shard]} row {row} column {column}"
+
+    def load(self, key) -> Image.Image | None:
         import pyarrow.parquet as pq
 
         shard, row, column = key
@@ -96,18 +128,20 @@ class ParquetImages:
                 self._groups.popitem(last=False)
         cell = self._groups[cache_key].column(0)[row - start].as_py()
         data = cell.get("bytes") if isinstance(cell, dict) else cell
-        return _rgb(data, f"{self.shards[shard]} row {row} column {column}")
+        return self._decode(lambda: Image.open(io.BytesIO(data)), key)
 
     def digest(self, keys) -> dict:
         return {"image_shards": [file_digest(str(s)) for s in self.shards]}
 
 
-class ZipImages:
-    """Images inside a zip archive (Kaleidoscope's `data.zip`): a key is a path relative to `prefix` in it."""
+class ZipImages(_Decoding):
+    """Images inside a zip archive (Kaleidoscope's `data.zip`): a key is a path relative to `prefix` in it. A
+    member whose bytes fail the archive's check (CRC) is an image that cannot be decoded."""
 
     def __init__(self, archive: str | Path, prefix: str = ""):
         self.archive, self.prefix = Path(archive), prefix
         self._zip: zipfile.ZipFile | None = None
+        self.failed: dict[str, str] = {}
 
     def _open(self) -> zipfile.ZipFile:
         if self._zip is None:
@@ -123,16 +157,24 @@ class ZipImages:
         _missing([f"{self.archive}:{self.prefix}{k}" for k in keys if self.prefix + k not in names], len(keys), what,
                  f"in {self.archive}")
 
-    def load(self, key: str) -> Image.Image:
-        return _rgb(self._open().read(self.prefix + key), f"{self.archive}:{self.prefix}{key}")
+    def name(self, key: str) -> str:
+        return f"{self.archive}:{self.prefix}{key}"
+
+    def load(self, key: str) -> Image.Image | None:
+        archive = self._open()
+        return self._decode(lambda: Image.open(io.BytesIO(archive.read(self.prefix + key))), key)
 
     def digest(self, keys) -> dict:
         return {"image_archive": file_digest(str(self.archive)), "prefix": self.prefix}
 
 
-def stack(images: list[Image.Image]) -> Image.Image:
+def stack(images: list[Image.Image | None]) -> Image.Image:
     """One canvas with the images one below the other, each keeping its size, left-aligned on white: how a
-    model that takes one image per prompt sees a question with several."""
+    model that takes one image per prompt sees a question with several. An image that failed to decode (None) is
+    the blind control's blank image (`hf.loading.blank_image`), so the others keep their places."""
+    if any(im is None for im in images):
+        from volta_ml.hf.loading import blank_image
+        images = [blank_image() if im is None else im for im in images]
     width, height = max(im.width for im in images), sum(im.height for im in images)
     canvas = Image.new("RGB", (width, height), "white")
     top = 0

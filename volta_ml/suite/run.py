@@ -5,7 +5,9 @@ results.
 Files in `--output_dir`:
 - `suite_results.json`: task, language, rule (name, description, source, and `rule_tools`: the versions of the
   tools it ran with, e.g. CIDEr's tokenizers and dictionaries), prompts version, the first prompt as the model
-  saw it, model / adapter / template options, metrics, counts, what was skipped, seconds;
+  saw it, model / adapter / template options, metrics, counts, what was skipped, seconds, `failed_images`
+  (images that are there but failed to decode, each with the reason: their questions were scored without them,
+  as `cvqa score` and `iglue-hf` do; `volta_ml.hf.photos`);
 - `predictions.jsonl`: one record per item: id, lang, score, correct (1 / 0, or the CIDEr), parsed (whether a
   generated multiple-choice answer named an option; null for open answers), prediction, gold, generated answer,
   user turn;
@@ -30,8 +32,9 @@ from volta_ml.digest import file_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
 from volta_ml.hf.loading import loading_report
+from volta_ml.hf.photos import failure_line
 from volta_ml.iglue_hf.run import load_backend, model_contents, _model_name
-from volta_ml.iglue_hf.tasks import BackendTaskError, backend_kind, run_retrieval, score_items
+from volta_ml.iglue_hf.tasks import FAILED, BackendTaskError, backend_kind, run_retrieval, score_items
 from volta_ml.options import complete_options
 from volta_ml.protocols.suite import SUITE
 from volta_ml.stats import unique_ids, write_items
@@ -100,7 +103,7 @@ def run_suite(options: dict, backend=None) -> dict | None:
     out_dir = Path(opts["output_dir"])
     work_dir = opts["work_dir"] or str(out_dir / f"{task}_{lang}_chunks")
     image_keys = [k for item in data.items for k in item.images]
-    fingerprint = {"format": 1, "task": task, "lang": lang, "rule": rule_name, "prompts": PROMPTS_VERSION,
+    fingerprint = {"format": 2, "task": task, "lang": lang, "rule": rule_name, "prompts": PROMPTS_VERSION,
                    "data": [file_digest(str(f)) for f in data.files], "n_items": len(data.items),
                    **(data.store.digest(image_keys) if data.store is not None else {}),
                    "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
@@ -156,6 +159,8 @@ def run_suite(options: dict, backend=None) -> dict | None:
         if accepted:
             results["loading_report"] = accepted
         atomic_write_json(out_dir / "suite_results.json", results, indent=1, ensure_ascii=False)
+        if results["failed_images"]:
+            print(f"suite: {failure_line(results['failed_images'], out_dir / 'suite_results.json')}", file=sys.stderr)
         metric = results["metrics"].get("score", results["metrics"].get("ir_r1"))
         print(f"{SUITE[task].title} {lang} {rule_name}: {metric:.3f} ({len(data.items)} items)", file=sys.stderr)
         if opts["record"]:
@@ -188,10 +193,15 @@ def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, split
     width = max((len(item.options) for item in items), default=0)
     context = {"max_new_tokens": max_new_tokens, "letter_width": width}
 
+    most = max(len(item.images) for item in items)
+
     def score_batch(rows: range) -> dict:
         images = [_item_images(items[i], data.store, backend) for i in rows]
-        return rule.score(backend, images, prompts[rows.start:rows.stop],
-                          dict(context, batch_items=[items[i] for i in rows]))
+        scored = rule.score(backend, images, prompts[rows.start:rows.stop],
+                            dict(context, batch_items=[items[i] for i in rows]))
+        if data.store is None:
+            return scored
+        return {**scored, FAILED: data.store.failures([items[i].images for i in rows], most)}
 
     if isinstance(backend, ImportedAnswers):
         arrays = {"answers": np.array(backend.answers, dtype=str)}
@@ -201,6 +211,8 @@ def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, split
                              progress=opts["progress"])
     if not info.is_main:
         return None
+    reasons = arrays.pop(FAILED, None)
+    failed = data.store.failed_in(reasons, [item.images for item in items]) if reasons is not None else {}
     judged = rule.judge(arrays, items, context)
     metrics = summarise(judged)
     answers = [str(a) for a in arrays["answers"].tolist()]
@@ -214,7 +226,7 @@ def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, split
     limit = getattr(backend, "max_images", None)
     stacked = sum(1 for item in items if limit is not None and len(item.images) > limit)
     n_images = min(len(items[0].images), limit) if limit is not None else len(items[0].images)
-    return {"metrics": metrics, "rule_description": rule.describe, "rule_source": rule.source,
+    return {"metrics": metrics, "failed_images": failed, "rule_description": rule.describe, "rule_source": rule.source,
             "max_new_tokens": max_new_tokens, "first_prompt": prompts[0],
             "first_prompt_rendered": backend.render(prompts[0], n_images),
             "prompt_format": getattr(backend, "prompt_format", None), "stacked_images": stacked,
