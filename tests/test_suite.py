@@ -429,7 +429,7 @@ def test_sweep_over_the_suite_into_the_report(suite, tmp_path):
     from volta_ml.protocols.runners import plan_cells
 
     xm = suite["xm3600"]
-    grid = {"name": "suite", "output_dir": str(tmp_path / "runs"),
+    grid = {"name": "suite", "output_dir": str(tmp_path / "runs"), "baseline": "vlm",   # a `suite:` model's row
             "commands": {"suite": [sys.executable, str(REPO / "tests" / "helpers_suite_entry.py")]},
             "suite": {"tasks": ["maxm", "mtvqa", "m3exam", "xm3600_retrieval"],
                       "data": {"maxm": str(suite["maxm"]), "mtvqa": str(suite["mtvqa"]), "m3exam": str(suite["m3exam"]),
@@ -448,10 +448,11 @@ def test_sweep_over_the_suite_into_the_report(suite, tmp_path):
                      "suite/vlm/maxm/zh", "suite/vlm/mtvqa/de", "suite/vlm/mtvqa/ja"]
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
     for command in (["sweep", str(path), "--local", "--only", "suite/vlm/maxm"],
-                    ["report", str(tmp_path / "runs"), "--no_plots"]):
+                    ["report", "--grid", str(path), "--no_plots"]):
         proc = subprocess.run([sys.executable, "-m", "volta_ml.protocols.cli", *command], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "paired differences from the baseline row vlm" in proc.stdout       # the grid's baseline, in suite_baseline
     mine = {lang: json.loads((tmp_path / f"runs/suite/vlm/maxm/{lang}/eval/suite_results.json").read_text())
             ["metrics"]["score"] for lang in ("en", "zh")}
     record = json.loads((tmp_path / "runs/suite/vlm/maxm/zh/result.json").read_text())
