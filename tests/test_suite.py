@@ -504,6 +504,8 @@ def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
     assert kal[0] == "model,en,uk,mul,avg"
     summary = (report / "suite_summary.md").read_text()
     assert "MTVQA avg" in summary and "M3Exam mul" in summary and "XM3600_retrieval ir_r1 en" in summary
+    rows = [r["model"] for r in csv_rows(report / "suite_summary.csv")]        # our rows first, then the published
+    assert rows[:4] == ["vlm", "vlm (generate)", "vlm (letter)", "InternVL2.5 78B (published)"]
     # every run's per-item file averages to its metrics; the cells carry intervals; a baseline row is compared
     from volta_ml import stats
     for folder in ("mtvqa-ja-None", "m3exam-th-generate", "kaleidoscope-uk-None"):
