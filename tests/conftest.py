@@ -47,9 +47,12 @@ def one_thread():
 # With VOLTA_ML_NEEDS_SHARED_LOG set (.ci/run's fresh-clone pass), every test that skipped, and every test marked
 # `reads_shared` (it reads ../shared when present and falls back to generated data otherwise), is appended to that
 # file as its `path::function` (parameters dropped: the parameter sets of a fixture folder differ once it is
-# there). CI's second pass runs exactly those with ../shared; a test that passes without the reference material
-# never reads it, so running it again would only repeat the first pass.
+# there), and every other test that passed to VOLTA_ML_PASSED_LOG as its full node id. CI's second pass runs those
+# functions with ../shared, VOLTA_ML_PASSED_LOG naming the first pass's file: the parameter sets that already passed
+# there without reading the reference material are deselected (running them again would only repeat the first
+# pass), so one skipped case of a parametrized test does not run all its other cases twice.
 NEEDS_SHARED_LOG = "VOLTA_ML_NEEDS_SHARED_LOG"
+PASSED_LOG = "VOLTA_ML_PASSED_LOG"
 
 
 def pytest_configure(config):
@@ -58,9 +61,25 @@ def pytest_configure(config):
 
 
 def pytest_runtest_logreport(report):
-    log = os.environ.get(NEEDS_SHARED_LOG)
+    log, passed = os.environ.get(NEEDS_SHARED_LOG), os.environ.get(PASSED_LOG)
     if not log or report.when not in ("setup", "call"):
         return
     if report.skipped or (report.when == "setup" and "reads_shared" in report.keywords):
         with open(log, "a", encoding="utf-8") as out:
             out.write(report.nodeid.split("[", 1)[0] + "\n")
+    elif passed and report.when == "call" and report.passed and "reads_shared" not in report.keywords:
+        with open(passed, "a", encoding="utf-8") as out:
+            out.write(report.nodeid + "\n")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The second pass (VOLTA_ML_PASSED_LOG set, VOLTA_ML_NEEDS_SHARED_LOG not): drop what the first one passed."""
+    passed = os.environ.get(PASSED_LOG)
+    if not passed or os.environ.get(NEEDS_SHARED_LOG) or not os.path.isfile(passed):
+        return
+    with open(passed, encoding="utf-8") as f:
+        done = set(f.read().splitlines())
+    keep = [item for item in items if item.nodeid not in done]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in done])
+        items[:] = keep

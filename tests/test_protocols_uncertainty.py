@@ -21,8 +21,9 @@ LANGS = ("en", "ar", "fr")
 
 
 def write_cell(root: Path, protocol: str, model: str, task: str, lang: str, seed: int, items: dict[str, dict],
-               extra: dict | None = None) -> None:
-    """A finished cell: result.json with the metrics (the mean of each item column) and its per-item file."""
+               extra: dict | None = None, digits: int | None = None) -> None:
+    """A finished cell: result.json with the metrics (the mean of each item column; `digits`: rounded as a log
+    prints them, eval_task's 3) and its per-item file."""
     shot = (extra or {}).get("shot")
     cell = root / protocol / model / task / lang / ("" if shot is None else shot) / f"seed{seed}"
     stats.write_items(cell / "eval" / "test_items.jsonl", [{"id": k, **v} for k, v in items.items()])
@@ -30,7 +31,7 @@ def write_cell(root: Path, protocol: str, model: str, task: str, lang: str, seed
     for values in items.values():
         for metric in values:
             column = [v[metric] for v in items.values() if metric in v]
-            metrics[metric] = sum(column) / len(column)
+            metrics[metric] = sum(column) / len(column) if digits is None else round(sum(column) / len(column), digits)
     cell.mkdir(parents=True, exist_ok=True)
     (cell / "result.json").write_text(json.dumps({
         "protocol": protocol, "model": model, "task": task, "lang": lang, "shot": None, "seed": seed,
@@ -157,6 +158,25 @@ def test_report_baseline_shows_the_numbers_of_compare(runs, tmp_path, capsys):
     assert (float(ar["difference"]), float(ar["ci_low"]), float(ar["p_value"])) == \
         (expected.difference, expected.low, expected.p_value)
     assert ar["only_in_A"] == "q3" and ar["only_in_B"] == "" and ar["paired_items"] == "39"
+
+
+def test_cells_show_the_mean_of_their_items_as_the_comparisons_do(tmp_path):
+    """eval_task logs 3 decimals: 2 right of 17 items, 11.7647..., is logged 11.765. The tables' cell, the summary
+    and the baseline comparison's value column show one number for it, the items' 11.76 (rounding the logged value
+    again gave 11.77 in the tables beside 11.76 in baseline.md); IGLUE's CSV keeps the logged value."""
+    root = tmp_path / "runs"
+    write_cell(root, "zero_shot", "uc2", "xvnli", "ar", 0, {f"q{i}": {"score": 100.0 * (i < 2)} for i in range(17)},
+               digits=3)
+    write_cell(root, "zero_shot", "m3p", "xvnli", "ar", 0, {f"q{i}": {"score": 100.0 * (i < 5)} for i in range(17)},
+               digits=3)
+    assert volta_ml(["report", str(root), "--out", str(tmp_path / "r"), "--no_plots", "--baseline", "m3p"]) == 0
+    out = tmp_path / "r"
+    assert {"model": "uc2", "ar": "11.765", "avg": "11.765"} in rows(out / "XVNLI_0.csv")
+    shown = lambda name: next(l for l in (out / name).read_text().splitlines() if "| uc2 |" in l)  # noqa: E731
+    table, summary, baseline = shown("XVNLI_0.md"), shown("XVNLI_summary.md"), shown("baseline.md")
+    assert table.startswith("| uc2 | 11.76 ± ") and table.count("| 11.76 ± ") == 2, table     # ar, avg
+    assert "| 11.76 ± " in summary and "11.77" not in summary, summary
+    assert baseline.startswith("| XVNLI_0 | ar | uc2 | m3p | 11.76 ± "), baseline
 
 
 def test_grid_baseline_and_usage_errors(runs, tmp_path, capsys):

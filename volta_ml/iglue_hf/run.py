@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -151,20 +152,24 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         if results["failed_images"]:
             print(f"iglue-hf: {failure_line(results['failed_images'], out_dir / 'iglue_hf_results.json')}",
                   file=sys.stderr)
-        if opts["record"]:
-            atomic_write_json(out_dir / "result.json", {
-                "id": f"iglue_hf/{results['model']}/{task}/{lang}/{PROTOCOLS[protocol]}",
-                "stage": PROTOCOLS[protocol], "protocol": PROTOCOLS[protocol], "model": results["model"],
-                "task": task, "lang": lang, "shot": None, "lr": None, "seed": None, "metrics": result["metrics"],
-                "items": f"{split}_items.jsonl",
-                "backend": opts["backend"], "rule": rule, "status": "done",
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
-        if not opts["keep_chunks"]:
-            import shutil
-            shutil.rmtree(work_dir, ignore_errors=True)
+        finish_cell(out_dir, work_dir, opts, {
+            "id": f"iglue_hf/{results['model']}/{task}/{lang}/{PROTOCOLS[protocol]}", "stage": PROTOCOLS[protocol],
+            "protocol": PROTOCOLS[protocol], "model": results["model"], "task": task, "lang": lang,
+            "metrics": result["metrics"], "items": f"{split}_items.jsonl", "rule": rule})
         return results
     finally:
         shutdown(info)
+
+
+def finish_cell(out_dir: Path, work_dir: Path, opts: dict, record: dict) -> None:
+    """A finished run: the grid's record of it (`result.json`, read by the sweep and `volta-ml report`) when
+    `record` is set, and its chunk store removed unless `keep_chunks` (the results are written by then)."""
+    if opts["record"]:
+        atomic_write_json(out_dir / "result.json", {
+            "shot": None, "lr": None, "seed": None, **record, "backend": opts["backend"], "status": "done",
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
+    if not opts["keep_chunks"]:
+        shutil.rmtree(work_dir, ignore_errors=True)
 
 
 def model_contents(opts: dict) -> dict:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from volta_ml.engine.failures import UsageError
 
 from volta_ml.stats import (
-    Comparison, Interval, ItemsError, Options, SeedSpread, format_estimate, metric_values, read_items, seed_spread,
+    Comparison, Interval, ItemsError, Options, SeedSpread, metric_values, read_items, seed_spread,
 )
 
 FORMAT_ERRORS = "parse_failure_rate"   # the generate rule's unparsed answers (% of items), iglue-hf's metric
@@ -142,12 +142,15 @@ def table_stats(table, metric: str, files: ItemFiles, options: Options) -> dict[
 
 
 def cell_text(value: float | None, stats: CellStats | None, digits: int, style: str) -> str:
-    """A table cell: the table's value with its interval (`56.30 ± 1.20`), or the value alone, or "–"."""
+    """A table cell: the mean of its items with their interval (`56.30 ± 1.20`), or the table's value alone, or "–".
+    With items the estimate is theirs, not the table's value: a logged score is already rounded (eval_task's 3
+    decimals: 2 of 17 items, 11.7647..., logged 11.765), and rounding it again would show another number (11.77)
+    than the comparisons of the same cell, which are computed from the items (11.76)."""
     if value is None:
         return "–"
     if stats is None or stats.interval is None:
         return f"{value:.{digits}f}"
-    return format_estimate(value, stats.interval.low, stats.interval.high, digits, style)
+    return stats.interval.text(digits, style)
 
 
 UNCERTAINTY_HEADER = ["model", "column", "value", "ci_low", "ci_high", "items", "seeds", "seed_mean", "seed_std",

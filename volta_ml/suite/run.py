@@ -33,7 +33,7 @@ from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
 from volta_ml.hf.loading import loading_report
 from volta_ml.hf.photos import failure_line
-from volta_ml.iglue_hf.run import load_backend, model_contents, _model_name
+from volta_ml.iglue_hf.run import finish_cell, load_backend, model_contents, _model_name
 from volta_ml.iglue_hf.tasks import FAILED, BackendTaskError, backend_kind, run_retrieval, score_items
 from volta_ml.options import complete_options
 from volta_ml.protocols.suite import SUITE
@@ -163,15 +163,10 @@ def run_suite(options: dict, backend=None) -> dict | None:
             print(f"suite: {failure_line(results['failed_images'], out_dir / 'suite_results.json')}", file=sys.stderr)
         metric = results["metrics"].get("score", results["metrics"].get("ir_r1"))
         print(f"{SUITE[task].title} {lang} {rule_name}: {metric:.3f} ({len(data.items)} items)", file=sys.stderr)
-        if opts["record"]:
-            atomic_write_json(out_dir / "result.json", {
-                "id": f"suite/{name}/{task}/{lang}", "stage": "suite", "protocol": "zero_shot", "model": name,
-                "task": task, "lang": lang, "shot": None, "lr": None, "seed": None, "metrics": results["metrics"],
-                "items": f"{split}_items.jsonl", "backend": opts["backend"], "rule": rule_name, "status": "done",
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
-        if not opts["keep_chunks"]:
-            import shutil
-            shutil.rmtree(work_dir, ignore_errors=True)
+        finish_cell(out_dir, work_dir, opts, {
+            "id": f"suite/{name}/{task}/{lang}", "stage": "suite", "protocol": "zero_shot", "model": name,
+            "task": task, "lang": lang, "metrics": results["metrics"], "items": f"{split}_items.jsonl",
+            "rule": rule_name})
         return results
     finally:
         shutdown(info)
