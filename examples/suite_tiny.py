@@ -10,13 +10,10 @@ Writes into SCRATCH (a folder outside the repository; generated data is never co
             (generative), CLIP (a dual encoder, for xm3600_retrieval)
   suite_tiny.yml  a grid of the same shape as examples/grids/suite.yml pointing at them, over the languages the
             tiny releases have, with `baseline: llava`
-then prints the commands that run it. Random models give meaningless scores: this shows the flow and the
-report's layout, not any model's quality.
+then prints the commands that run it (COMMANDS below, in SCRATCH). Random models give meaningless scores: this
+shows the flow and the report's layout, not any model's quality.
 
-    python examples/suite_tiny.py /tmp/suite_tiny
-    volta-ml sweep /tmp/suite_tiny/suite_tiny.yml --local
-    volta-ml report --grid /tmp/suite_tiny/suite_tiny.yml --no_plots
-    volta-ml compare /tmp/suite_tiny/runs/suite/qwen2-vl/xmmmu/letter /tmp/suite_tiny/runs/suite/llava/xmmmu/letter
+    python examples/suite_tiny.py /tmp/suite_tiny     # then, in /tmp/suite_tiny, the commands it prints
 
 Needs a checkout of the repository (the writers and builders live in tests/) and `pip install "volta-ml[suite]"`;
 the default `cider` rule of xm3600 / xm100 runs Java (`--rule cider-pyptb`: `--no_java` here does without).
@@ -31,6 +28,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+COMMANDS = """\
+volta-ml sweep suite_tiny.yml --local
+volta-ml report --grid suite_tiny.yml --no_plots
+volta-ml compare runs/suite/qwen2-vl/xmmmu/letter runs/suite/llava/xmmmu/letter"""
+
 # the languages each tiny release has (the grid's `languages:`; its default, every language of the benchmark,
 # would ask for files these releases do not have)
 LANGUAGES = {"maxm": ["en", "zh"], "xm3600": ["en", "de", "ja", "th", "zh"], "xm100": ["en", "de", "ja", "th", "zh"],
@@ -39,8 +41,7 @@ LANGUAGES = {"maxm": ["en", "zh"], "xm3600": ["en", "de", "ja", "th", "zh"], "xm
 
 
 def build(scratch: Path, java: bool = True) -> Path:
-    import yaml
-
+    """Write the tiny releases and models into scratch, and the grid pointing at them."""
     from helpers_hf import build as build_hf
     from helpers_suite import build_suite
     from helpers_vlm_families import build_family
@@ -51,10 +52,14 @@ def build(scratch: Path, java: bool = True) -> Path:
     data, models = scratch / "data", scratch / "models"
     if data.exists():
         shutil.rmtree(data)
-    files = build_suite(data)
-    xm = files["xm3600"]
     paths = {"llava": build_hf("llava", models), "qwen2-vl": build_family("qwen2-vl", models),
              "clip": build_hf("clip", models)}
+    return write_grid(scratch, build_suite(data), paths, java)
+
+
+def write_grid(scratch: Path, files: dict, paths: dict, java: bool = True) -> Path:
+    """scratch/suite_tiny.yml over the releases `files` (helpers_suite.build_suite's) and the models `paths`."""
+    import yaml
 
     def generative(name: str) -> dict:
         """Both exam rules (the letter rule; generation, with its format-error rate); without Java, cider-pyptb."""
@@ -62,6 +67,7 @@ def build(scratch: Path, java: bool = True) -> Path:
         return {"backend": "mllm", "model": str(paths[name]),
                 "rules": rules if java else {**rules, "xm3600": ["cider-pyptb"], "xm100": ["cider-pyptb"]}}
 
+    xm = files["xm3600"]
     grid = {
         "name": "suite",
         "output_dir": str(scratch / "runs"),
@@ -91,10 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("scratch", type=Path, help="a folder outside the repository (created)")
     parser.add_argument("--no_java", action="store_true", help="caption cells with --rule cider-pyptb (no Java)")
     args = parser.parse_args(argv)
-    grid = build(args.scratch, java=not args.no_java)
-    runs = args.scratch.resolve() / "runs" / "suite"
-    print(f"wrote {grid}\n\n    volta-ml sweep {grid} --local\n    volta-ml report --grid {grid} --no_plots\n"
-          f"    volta-ml compare {runs / 'qwen2-vl' / 'xmmmu' / 'letter'} {runs / 'llava' / 'xmmmu' / 'letter'}")
+    build(args.scratch, java=not args.no_java)
+    print(f"cd {args.scratch.resolve()}\n{COMMANDS}")
     return 0
 
 

@@ -471,6 +471,28 @@ def test_the_example_grid_plans_every_task():
     assert sum(c.task == "xm3600" and c.model == "pangea-7b" for c in cells) == 36
 
 
+def test_suite_tiny_example_plans_the_documented_sweep(suite, tmp_path):
+    """examples/suite_tiny.py (docs/suite.md, "A sweep on tiny models"): its grid over the tiny releases plans the 57
+    cells the page shows, with the grid's baseline; without Java the caption cells take cider-pyptb; the page shows
+    the commands the script prints."""
+    import importlib.util
+
+    from volta_ml.protocols.grid import load_grid
+    from volta_ml.protocols.runners import plan_cells
+
+    spec = importlib.util.spec_from_file_location("suite_tiny", REPO / "examples" / "suite_tiny.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    models = {name: tmp_path / name for name in ("llava", "qwen2-vl", "clip")}
+    grid = load_grid(script.write_grid(tmp_path, suite, models))
+    cells = {c.id for c in plan_cells(grid)}
+    assert len(cells) == 57 and grid.baseline == "llava" and "suite/llava/xmmmu/letter/ja" in cells
+    no_java = {c.id for c in plan_cells(load_grid(script.write_grid(tmp_path, suite, models, java=False)))}
+    assert "suite/qwen2-vl/xm3600/cider-pyptb/th" in no_java and len(no_java) == 57
+    text = (REPO / "docs" / "suite.md").read_text(encoding="utf-8")
+    assert "57 ran" in text and [line for line in script.COMMANDS.splitlines() if line not in text] == []
+
+
 def csv_rows(path: Path) -> list[dict]:
     import csv
     with open(path, newline="", encoding="utf-8") as f:
