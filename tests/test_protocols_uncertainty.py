@@ -137,6 +137,52 @@ def test_few_shot_auc_intervals_and_no_bare_cell(runs, tmp_path):
     assert bare_cells(out, exempt_columns=("p",)) == []
 
 
+def test_few_shot_auc_compared_paired_and_spread_over_seeds(tmp_path, capsys):
+    """The few-shot AUC cells are compared as every cell is (baseline.* and `volta-ml compare`): the paired test of
+    the items' AUCs, computed here the obvious way (an item's AUC over shots 1 and 5: the mean of its two scores,
+    each averaged over seeds; `avg` stratified by language), and listed in seeds.* (each seed's own AUC)."""
+    root, rng = tmp_path / "runs", np.random.default_rng(1)
+    for side, model, p in (("a", "uc2", 0.6), ("b", "m3p", 0.45)):
+        for lang in ("ar", "fr"):
+            for shot in ("1", "5"):
+                for seed in (0, 1):
+                    write_cell(root / side, "few_shot", model, "xvnli", lang, seed, correct(rng, 30, p),
+                               {"shot": shot})
+
+    def item_aucs(side: str, model: str, lang: str) -> dict[str, float]:
+        cell = lambda shot, seed: stats.read_items(  # noqa: E731
+            root / side / f"few_shot/{model}/xvnli/{lang}/{shot}/seed{seed}/eval/test_items.jsonl")
+        per_shot = [{k: (cell(shot, 0)[k]["score"] + cell(shot, 1)[k]["score"]) / 2 for k in cell(shot, 0)}
+                    for shot in ("1", "5")]
+        return {k: (per_shot[0][k] + per_shot[1][k]) / 2 for k in per_shot[0]}
+
+    assert volta_ml(["report", str(root), "--out", str(tmp_path / "r"), "--no_plots", "--baseline", "m3p"]) == 0
+    baseline = {r["column"]: r for r in rows(tmp_path / "r" / "baseline.csv") if r["table"] == "XVNLI_fewshot_auc"}
+    assert set(baseline) == {"ar", "fr", "avg"}
+    a = {lang: item_aucs("a", "uc2", lang) for lang in ("ar", "fr")}
+    b = {lang: item_aucs("b", "m3p", lang) for lang in ("ar", "fr")}
+    for column, expected in (("ar", stats.compare_items(a["ar"], b["ar"])),
+                             ("avg", stats.compare_items(
+                                 {f"{l}/{k}": v for l in a for k, v in a[l].items()},
+                                 {f"{l}/{k}": v for l in b for k, v in b[l].items()},
+                                 {f"{l}/{k}": l for l in a for k in a[l]}, average="macro"))):
+        row = baseline[column]
+        assert (row["A"], row["B"], row["paired_items"]) == ("uc2", "m3p", str(expected.n))
+        assert (float(row["difference"]), float(row["ci_low"]), float(row["ci_high"]), float(row["p_value"])) == \
+            (expected.difference, expected.low, expected.high, expected.p_value)
+    assert volta_ml(["compare", str(root / "a"), str(root / "b"), "--out", str(tmp_path / "c")]) == 0
+    capsys.readouterr()
+    assert [r for r in rows(tmp_path / "c" / "compare.csv") if r["table"] == "XVNLI_fewshot_auc"] == \
+        list(baseline.values())
+    seeds = {(r["model"], r["column"]): r for r in rows(tmp_path / "r" / "seeds.csv") if r["table"] == "XVNLI_fewshot_auc"}
+    logged = lambda lang, seed: [json.loads((root / "a" / f"few_shot/uc2/xvnli/{lang}/{shot}/seed{seed}/result.json")  # noqa: E731
+                                            .read_text())["metrics"]["score"] for shot in ("1", "5")]
+    per_seed = [sum(logged("ar", seed)) / 2 for seed in (0, 1)]
+    assert seeds[("uc2", "ar")]["n"] == "2" and seeds[("uc2", "ar")]["per_seed"] == " ".join(map(repr, per_seed))
+    assert float(seeds[("uc2", "ar")]["std"]) == pytest.approx(np.std(per_seed, ddof=1))
+    assert ("uc2", "avg") in seeds and ("m3p", "fr") in seeds
+
+
 def test_report_baseline_shows_the_numbers_of_compare(runs, tmp_path, capsys):
     assert volta_ml(["compare", str(runs / "a"), str(runs / "b"), "--row_a", "uc2", "--row_b", "m3p",
                      "--out", str(tmp_path / "c")]) == 0

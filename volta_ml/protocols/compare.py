@@ -1,6 +1,6 @@
 """`volta-ml compare RUN_A RUN_B` for IGLUE and suite result trees: every table cell both runs have, A minus B, with the
 paired bootstrap interval of the difference, the permutation p-value and the items found on one side only
-(uncertainty.compare_rows, the same computation as the report's `baseline.*`).
+(uncertainty.compare_rows, the same computation as the report's `baseline.*`), the few-shot AUC's included.
 
 Rows are paired by name (the same model in both trees), or, when the trees share no row name, the only row of
 each side; `--row_a` / `--row_b` choose them where a table has several.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from volta_ml.stats import Options
 
-from .report import _csv, build_tables, markdown
+from .report import _csv, auc_comparisons, auc_sets, build_tables, markdown
 from .results import collect
 from .suite_report import build_suite_tables
 from .uncertainty import COMPARE_HEADER, CellComparison, ItemFiles, compare_md_header, compare_rows, row_pairs
@@ -31,6 +31,12 @@ def compare_runs(run_a: Path, run_b: Path, options: Options, row_a: str | None =
         ours = lambda table: [m for m in table.models if m in table.sources]  # noqa: E731   (not published rows)
         for a, b in row_pairs(stem, ours(table_a), ours(table_b), row_a, row_b):
             out += compare_rows(stem, table_a, a, table_b, b, table_a.metric, files, options)
+    aucs_b = {a.stem: a for a in auc_sets(records_b, files)}
+    for aucs_a in auc_sets(records_a, files):
+        other = aucs_b.get(aucs_a.stem)
+        if other is not None:
+            for a, b in row_pairs(aucs_a.stem, aucs_a.table.models, other.table.models, row_a, row_b):
+                out += auc_comparisons(aucs_a, a, other, b, options)
     return out
 
 

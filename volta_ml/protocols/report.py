@@ -24,16 +24,17 @@ from __future__ import annotations
 import csv
 import io
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from volta_ml.stats import Options
+from volta_ml.stats import Options, seed_spread
 
 from .iglue import TASKS, shot_count
 from .uncertainty import (
-    AVG, COMPARE_HEADER, UNCERTAINTY_HEADER, CellStats, ItemFiles, cell_text, compare_md_header, compare_rows,
-    seed_items, table_stats, uncertainty_rows,
+    AVG, COMPARE_HEADER, UNCERTAINTY_HEADER, CellComparison, CellStats, ItemFiles, cell_text, compare_items,
+    compare_md_header, compare_rows, seed_items, table_stats, uncertainty_rows,
 )
 
 MISSING = -1.0
@@ -233,39 +234,78 @@ def auc_table(agg: dict, task: str, metric: str) -> tuple[list[str], dict[str, d
 AUC_MEAN = "mean"   # the summary's few-shot AUC: the mean over every language the model has an AUC in
 
 
-def auc_stats(cells: dict, task: str, metric: str, targets: list[str], files: ItemFiles,
-              options: Options) -> dict[tuple[str, str], CellStats]:
-    """(model, language | `avg` | `mean`) -> CellStats of the few-shot AUC. The AUC is linear in the scores, so the
-    cell's AUC is the mean of its items' AUCs (each test item's curve over the shots, its values averaged over
-    seeds as a cell's are): the interval bootstraps those (every shot must have scored the same items; else no
-    interval, with the reason). `avg` (the AUC table's, over `targets`, only where the model has them all) and
-    `mean` (the summary's, over the model's languages) resample within each language."""
-    out: dict[tuple[str, str], CellStats] = {}
-    for model, langs in few_shot_curves(cells, task, metric).items():
-        per_lang: dict[str, dict | None] = {}
-        for lang, points in langs.items():
-            value = auc([(x, float(np.mean([float(r["metrics"][metric]) for r in recs]))) for x, recs in points])
-            if value is None:
+@dataclass
+class AucSet:
+    """One task's (and retrieval direction's) few-shot AUCs, as the report, its baseline and `volta-ml compare`
+    read them. The AUC is linear in the scores, so a cell's AUC is the mean of its test items' AUCs (each item's
+    curve over the shots, its values averaged over seeds as a cell's are), and a seed's AUC is the AUC of that
+    seed's scores."""
+    stem: str                # `<Title>_fewshot_auc`
+    table: Table             # model -> language -> the AUC of the cells' scores (averaged over seeds)
+    items: dict              # model -> language -> ({test item: its AUC}, why none: every shot must score the same)
+    seeds: dict              # model -> language -> {seed: its AUC}, where every shot ran the same >= 2 seeds
+
+
+def auc_sets(records: list[dict], files: ItemFiles) -> list[AucSet]:
+    agg, cells, out = aggregate(records), grouped(records), []
+    for task in TASKS:
+        for infix, metric in metrics_of(task):
+            values = auc_table(agg, task, metric)
+            if not values:
                 continue
+            items, seeds = defaultdict(dict), defaultdict(dict)
+            for model, langs in few_shot_curves(cells, task, metric).items():
+                for lang, points in langs.items():
+                    if lang in values.get(model, {}):
+                        items[model][lang] = _auc_items(points, metric, files)
+                        if (per_seed := _auc_seeds(points, metric)) is not None:
+                            seeds[model][lang] = per_seed
+            title = TASKS[task].title
+            out.append(AucSet(f"{title}{infix}_fewshot_auc", Table(task, title, values, False), items, seeds))
+    return out
+
+
+def auc_stats(aucs: AucSet, options: Options) -> dict[tuple[str, str], CellStats]:
+    """(model, language | `avg` | `mean`) -> CellStats of the few-shot AUC: the interval bootstraps the items'
+    AUCs (none, with the reason, where the shots scored different items), the seed spread is over the seeds'
+    AUCs. `avg` (the AUC table's, over its targets, only where the model has them all) and `mean` (the summary's,
+    over the model's languages) resample within each language and average each seed over the languages."""
+    out: dict[tuple[str, str], CellStats] = {}
+    table = aucs.table
+    for model in table.models:
+        per_lang = table.values[model]
+        for lang, value in per_lang.items():
             stats = CellStats(value)
-            items, stats.note = _auc_items(points, metric, files)
+            items, stats.note = aucs.items[model][lang]
             if items:
                 stats.interval, stats.items = options.interval(list(items.values())), len(items)
-            out[(model, lang)], per_lang[lang] = stats, items
-        spans = [(AVG, targets if set(targets) <= set(per_lang) else []), (AUC_MEAN, list(per_lang))]
+            if lang in aucs.seeds.get(model, {}):
+                per_seed = aucs.seeds[model][lang]
+                stats.seeds = seed_spread([per_seed[k] for k in sorted(per_seed, key=str)])
+            out[(model, lang)] = stats
+        spans = [(AVG, table.targets if set(table.targets) <= set(per_lang) else []), (AUC_MEAN, list(per_lang))]
         for name, over in spans:
             if not over:
                 continue
-            stats = CellStats(float(np.mean([out[(model, l)].value for l in over])))
-            if all(per_lang[l] for l in over):
-                values = {f"{l}/{i}": v for l in over for i, v in per_lang[l].items()}
-                groups = [key.split("/", 1)[0] for key in values]
-                stats.interval = options.interval(list(values.values()), groups, average="macro")
+            stats = CellStats(float(np.mean([per_lang[l] for l in over])))
+            if all(aucs.items[model][l][0] for l in over):
+                values = {f"{l}/{i}": v for l in over for i, v in aucs.items[model][l][0].items()}
+                stats.interval = options.interval(list(values.values()), [k.split("/", 1)[0] for k in values],
+                                                  average="macro")
                 stats.items = len(values)
             else:
                 stats.note = "a language without an interval"
+            seeds = [aucs.seeds.get(model, {}).get(l) for l in over]
+            if all(seeds) and all(set(s) == set(seeds[0]) for s in seeds):
+                stats.seeds = seed_spread([float(np.mean([s[k] for s in seeds])) for k in sorted(seeds[0], key=str)])
             out[(model, name)] = stats
     return out
+
+
+def auc_comparisons(aucs: AucSet, row_a: str, other: AucSet, row_b: str, options: Options) -> list[CellComparison]:
+    """The few-shot AUC of `row_a` minus `other`'s `row_b`, per language and `avg`, paired over the test items."""
+    return compare_items(aucs.stem, row_a, row_b, aucs.items.get(row_a, {}), other.items.get(row_b, {}),
+                         aucs.table.aggregate_columns(), other.table.aggregate_columns(), options)
 
 
 def _auc_items(points: list[tuple[float, list[dict]]], metric: str, files: ItemFiles) -> tuple[dict | None, str]:
@@ -280,6 +320,15 @@ def _auc_items(points: list[tuple[float, list[dict]]], metric: str, files: ItemF
     if any(set(items) != set(ids) for _, items in per_shot[1:]):
         return None, "the shots scored different items"
     return {i: auc([(x, items[i]) for x, items in per_shot]) for i in ids}, ""
+
+
+def _auc_seeds(points: list[tuple[float, list[dict]]], metric: str) -> dict | None:
+    """{seed: the AUC of that seed's scores over the shots}, where every shot ran the same two or more seeds."""
+    per_shot = [{r.get("seed"): float(r["metrics"][metric]) for r in recs} for _, recs in points]
+    seeds = set(per_shot[0])
+    if len(seeds) < 2 or any(set(s) != seeds or len(s) != len(recs) for s, (_, recs) in zip(per_shot, points)):
+        return None
+    return {k: auc([(x, s[k]) for (x, _), s in zip(points, per_shot)]) for k in seeds}
 
 
 def summary_rows(task: str, metric: str, agg: dict, tables: dict[str, Table], infix: str):
@@ -339,17 +388,16 @@ def write_report(records: list[dict], out_dir: Path, digits: int = 2, options: O
         written.append(path)
     by_stem = dict(tables)
     agg = aggregate(records)
-    cells = grouped(records)
+    aucs = {a.stem: a for a in auc_sets(records, files)}
     for task in TASKS:
         title = TASKS[task].title
         for infix, metric in metrics_of(task):
             if not any(t.task == task and stem.startswith(f"{title}{infix}_") for stem, t in tables):
                 continue
-            aucs = auc_table(agg, task, metric)
             auc_stem = f"{title}{infix}_fewshot_auc"
-            if aucs:
-                table = Table(task, title, aucs, False)
-                stats[auc_stem] = auc_stats(cells, task, metric, table.targets, files, options)
+            if auc_stem in aucs:
+                table = aucs[auc_stem].table
+                stats[auc_stem] = auc_stats(aucs[auc_stem], options)
                 emit(auc_stem, table.to_csv(), table.header(), table.rows_for_display(digits, stats[auc_stem],
                                                                                         options.style),
                      f"{title}{infix}: few-shot AUC")
@@ -364,10 +412,10 @@ def write_report(records: list[dict], out_dir: Path, digits: int = 2, options: O
                                          options.style) for v, ref in zip(r[1:], refs[1:])] for r in rows]
             emit(f"{title}{infix}_summary", _csv([header] + csv_rows), header, shown,
                  f"{title}{infix}: protocols side by side")
-    write_seeds(tables, stats, digits, emit)
+    write_seeds(tables + [(a.stem, a.table) for a in aucs.values()], stats, digits, emit)
     write_format_errors(tables, stats, digits, emit)
     if baseline is not None:
-        write_baseline(tables, baseline, files, options, digits, emit)
+        write_baseline(tables, baseline, files, options, digits, emit, list(aucs.values()))
     return written
 
 
@@ -409,14 +457,18 @@ def write_format_errors(tables, stats, digits: int, emit) -> None:
         emit("format_errors", _csv(csv_rows), header, rows, "generate rule: answers that named no option (%)")
 
 
-def write_baseline(tables, baseline: str, files, options: Options, digits: int, emit) -> None:
-    """`baseline.*`: each row minus the baseline row, per cell of every table holding both (compare_rows); nothing
-    when no table has the row (`volta-ml report` checks the name against every table, the suite's too)."""
+def write_baseline(tables, baseline: str, files, options: Options, digits: int, emit,
+                   aucs: list[AucSet] = ()) -> None:
+    """`baseline.*`: each row minus the baseline row, per cell of every table holding both (compare_rows) and of
+    the few-shot AUC tables (auc_comparisons); nothing when no table has the row (`volta-ml report` checks the
+    name against every table, the suite's too)."""
     if not any(baseline in table.models for _, table in tables):
         return
     comparisons = [cell for stem, table in tables if baseline in table.models for row in table.models
                    if row != baseline
                    for cell in compare_rows(stem, table, row, table, baseline, table.metric, files, options)]
+    comparisons += [cell for a in aucs if baseline in a.table.models for row in a.table.models if row != baseline
+                    for cell in auc_comparisons(a, row, a, baseline, options)]
     emit("baseline", _csv([COMPARE_HEADER] + [c.csv_row() for c in comparisons]), compare_md_header(options),
          [c.markdown_row(digits, options.style) for c in comparisons],
          f"paired differences from the baseline row {baseline}")

@@ -220,41 +220,60 @@ def compare_md_header(options: Options) -> list[str]:
             "paired items", "missing items / note"]
 
 
+NO_SCORE = "no score"
+
+
+def row_items(table, row: str, metric: str, files: ItemFiles) -> dict[str, tuple[dict[str, float] | None, str]]:
+    """Language column -> (the cell's items averaged over its seeds, why none) for one row of a table."""
+    sources = table.sources.get(row, {})
+    return {c: seed_items(sources[c], metric, files) if sources.get(c) else (None, NO_SCORE) for c in table.columns}
+
+
 def compare_rows(stem: str, table_a, row_a: str, table_b, row_b: str, metric: str, files: ItemFiles,
                  options: Options) -> list[CellComparison]:
-    """Row `row_a` of `table_a` minus row `row_b` of `table_b`, per language both have and per aggregate (`avg`,
-    `mul`) over its languages both have: the paired difference on the items both scored (those on one side only
-    are named), its paired bootstrap interval and the permutation p-value."""
-    sources_a, sources_b = table_a.sources.get(row_a, {}), table_b.sources.get(row_b, {})
+    """Row `row_a` of `table_a` minus row `row_b` of `table_b` (compare_items)."""
+    return compare_items(stem, row_a, row_b, row_items(table_a, row_a, metric, files),
+                         row_items(table_b, row_b, metric, files), table_a.aggregate_columns(),
+                         table_b.aggregate_columns(), options)
+
+
+def compare_items(stem: str, row_a: str, row_b: str, items_a: dict, items_b: dict, aggregates_a: list,
+                  aggregates_b: list, options: Options) -> list[CellComparison]:
+    """A minus B per language column both sides have (`items_*`: column -> (items, why none), as row_items gives
+    them) and per aggregate (`avg`, `mul`: (name, languages)) over its languages both have: the paired difference
+    on the items both scored (those on one side only are named), its paired bootstrap interval (an aggregate's
+    resampled within each language) and the permutation p-value."""
     out = []
-    columns = [c for c in table_a.columns if c in table_b.columns]
-    for column in columns:
+    for column in [c for c in items_a if c in items_b]:
         cell = CellComparison(stem, column, row_a, row_b)
-        if not sources_a.get(column) or not sources_b.get(column):
-            cell.note = f"no score for {'A' if not sources_a.get(column) else 'B'}"
+        (a, why_a), (b, why_b) = items_a[column], items_b[column]
+        if a is None or b is None:
+            side, why = ("A", why_a) if a is None else ("B", why_b)
+            cell.note = f"no score for {side}" if why == NO_SCORE else f"{side}: {why}"
+        elif not set(a) & set(b):
+            cell.note = f"no item in common ({len(a)} in A, {len(b)} in B)"
         else:
-            a, why_a = seed_items(sources_a[column], metric, files)
-            b, why_b = seed_items(sources_b[column], metric, files)
-            if a is None or b is None:
-                cell.note = f"A: {why_a}" if a is None else f"B: {why_b}"
-            elif not set(a) & set(b):
-                cell.note = f"no item in common ({len(a)} in A, {len(b)} in B)"
-            else:
-                cell.result = options.compare(a, b)
+            cell.result = options.compare(a, b)
         out.append(cell)
-    for name, langs in table_a.aggregate_columns():
-        targets = [t for t in langs if t in dict(table_b.aggregate_columns()).get(name, ())]
+    for name, langs in aggregates_a:
+        targets = [t for t in langs if t in dict(aggregates_b).get(name, ())]
         if not targets:
             continue
         cell = CellComparison(stem, name, row_a, row_b)
-        a, groups_a, why_a = language_items(sources_a, targets, metric, files)
-        b, _, why_b = language_items(sources_b, targets, metric, files)
-        if a is None or b is None:
-            cell.note = f"A: {why_a}" if a is None else f"B: {why_b}"
-        elif not set(a) & set(b):
-            cell.note = "no item in common"
-        else:
-            cell.result = options.compare(a, b, groups_a, average="macro")
+        sides = []
+        for side, items in (("A", items_a), ("B", items_b)):
+            missing = next((lang for lang in targets if items.get(lang, (None,))[0] is None), None)
+            if missing is not None:
+                why = items.get(missing, (None, "missing"))[1]
+                cell.note = cell.note or f"{side}: {missing}: {'missing' if why == NO_SCORE else why}"
+            else:
+                sides.append({f"{lang}/{i}": v for lang in targets for i, v in items[lang][0].items()})
+        if len(sides) == 2:
+            a, b = sides
+            if not set(a) & set(b):
+                cell.note = "no item in common"
+            else:
+                cell.result = options.compare(a, b, {key: key.split("/", 1)[0] for key in a}, average="macro")
         out.append(cell)
     return out
 
