@@ -429,7 +429,7 @@ def test_sweep_over_the_suite_into_the_report(suite, tmp_path):
     from volta_ml.protocols.runners import plan_cells
 
     xm = suite["xm3600"]
-    grid = {"name": "suite", "output_dir": str(tmp_path / "runs"),
+    grid = {"name": "suite", "output_dir": str(tmp_path / "runs"), "baseline": "vlm",   # a `suite:` model's row
             "commands": {"suite": [sys.executable, str(REPO / "tests" / "helpers_suite_entry.py")]},
             "suite": {"tasks": ["maxm", "mtvqa", "m3exam", "xm3600_retrieval"],
                       "data": {"maxm": str(suite["maxm"]), "mtvqa": str(suite["mtvqa"]), "m3exam": str(suite["m3exam"]),
@@ -448,10 +448,11 @@ def test_sweep_over_the_suite_into_the_report(suite, tmp_path):
                      "suite/vlm/maxm/zh", "suite/vlm/mtvqa/de", "suite/vlm/mtvqa/ja"]
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
     for command in (["sweep", str(path), "--local", "--only", "suite/vlm/maxm"],
-                    ["report", str(tmp_path / "runs"), "--no_plots"]):
+                    ["report", "--grid", str(path), "--no_plots"]):
         proc = subprocess.run([sys.executable, "-m", "volta_ml.protocols.cli", *command], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "paired differences from the baseline row vlm" in proc.stdout       # the grid's baseline, in suite_baseline
     mine = {lang: json.loads((tmp_path / f"runs/suite/vlm/maxm/{lang}/eval/suite_results.json").read_text())
             ["metrics"]["score"] for lang in ("en", "zh")}
     record = json.loads((tmp_path / "runs/suite/vlm/maxm/zh/result.json").read_text())
@@ -468,6 +469,28 @@ def test_the_example_grid_plans_every_task():
     assert {c.task for c in cells} == set(SUITE) and all(c.commands[0].argv[3] == "suite" for c in cells)
     assert {c.task for c in cells if c.model == "mclip"} == {"xm3600_retrieval"}
     assert sum(c.task == "xm3600" and c.model == "pangea-7b" for c in cells) == 36
+
+
+def test_suite_tiny_example_plans_the_documented_sweep(suite, tmp_path):
+    """examples/suite_tiny.py (docs/suite.md, "A sweep on tiny models"): its grid over the tiny releases plans the 57
+    cells the page shows, with the grid's baseline; without Java the caption cells take cider-pyptb; the page shows
+    the commands the script prints."""
+    import importlib.util
+
+    from volta_ml.protocols.grid import load_grid
+    from volta_ml.protocols.runners import plan_cells
+
+    spec = importlib.util.spec_from_file_location("suite_tiny", REPO / "examples" / "suite_tiny.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    models = {name: tmp_path / name for name in ("llava", "qwen2-vl", "clip")}
+    grid = load_grid(script.write_grid(tmp_path, suite, models))
+    cells = {c.id for c in plan_cells(grid)}
+    assert len(cells) == 57 and grid.baseline == "llava" and "suite/llava/xmmmu/letter/ja" in cells
+    no_java = {c.id for c in plan_cells(load_grid(script.write_grid(tmp_path, suite, models, java=False)))}
+    assert "suite/qwen2-vl/xm3600/cider-pyptb/th" in no_java and len(no_java) == 57
+    text = (REPO / "docs" / "suite.md").read_text(encoding="utf-8")
+    assert "57 ran" in text and [line for line in script.COMMANDS.splitlines() if line not in text] == []
 
 
 def csv_rows(path: Path) -> list[dict]:
@@ -503,6 +526,8 @@ def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
     assert kal[0] == "model,en,uk,mul,avg"
     summary = (report / "suite_summary.md").read_text()
     assert "MTVQA avg" in summary and "M3Exam mul" in summary and "XM3600_retrieval ir_r1 en" in summary
+    rows = [r["model"] for r in csv_rows(report / "suite_summary.csv")]        # our rows first, then the published
+    assert rows[:4] == ["vlm", "vlm (generate)", "vlm (letter)", "InternVL2.5 78B (published)"]
     # every run's per-item file averages to its metrics; the cells carry intervals; a baseline row is compared
     from volta_ml import stats
     for folder in ("mtvqa-ja-None", "m3exam-th-generate", "kaleidoscope-uk-None"):

@@ -194,6 +194,7 @@ def load_grid(path: str | Path) -> Grid:
     if not isinstance(seeds, list) or not all(isinstance(s, int) for s in seeds) or not seeds:
         raise GridError(f"{where('seeds')}: expected a non-empty list of integers")
     name = str(raw.get("name") or path.stem)
+    suite = load_suite_section(raw["suite"], base, where("suite"), _str_list, GridError) if "suite" in raw else None
     return Grid(
         path=path, name=name,
         data_root=_resolve(base, raw.get("data_root", ".")),
@@ -214,19 +215,19 @@ def load_grid(path: str | Path) -> Grid:
         pass_data_root=bool(raw.get("pass_data_root", True)),
         slurm=raw.get("slurm") or {}, python=python,
         cvqa=load_section(raw["cvqa"], base, where("cvqa"), _str_list, GridError) if "cvqa" in raw else None,
-        suite=load_suite_section(raw["suite"], base, where("suite"), _str_list, GridError) if "suite" in raw else None,
+        suite=suite,
         images={t: str(_resolve(base, v)) for t, v in task_map(raw.get("images"), where("images")).items()},
         image_templates=task_map(raw.get("image_templates"), where("image_templates")),
         train_images={t: str(_resolve(base, v)) for t, v in task_map(raw.get("train_images"),
                                                                     where("train_images")).items()},
         train_image_templates=task_map(raw.get("train_image_templates"), where("train_image_templates")),
-        baseline=_baseline(raw.get("baseline"), models, where("baseline")),
+        baseline=_baseline(raw.get("baseline"), [*models, *(suite.models if suite else [])], where("baseline")),
     )
 
 
-def _baseline(value, models: dict, where: str) -> str | None:
-    """A row name of the report: a model of the grid, or such a model with a suffix (`<model> (fine-tuned)`,
-    `<model> (<rule>)`)."""
+def _baseline(value, models: list[str], where: str) -> str | None:
+    """A row name of the report: a model of the grid (its IGLUE `models:` or its `suite:` models), or such a model
+    with a suffix (`<model> (fine-tuned)`, `<model> (<rule>)`)."""
     if value is None:
         return None
     if not isinstance(value, str) or not any(value == m or value.startswith(f"{m} (") for m in models):

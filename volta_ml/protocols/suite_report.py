@@ -170,7 +170,9 @@ def write_suite_report(records: list[dict], out_dir: Path, digits: int = 2, opti
                     columns[column] = (stem, kind)
                     summary[model][column] = table.values[model].get("en") if kind == "en" else \
                         table.aggregate(model, kind)
-    emit("suite_summary", ["model"] + list(columns), [[m] + [summary[m].get(c) for c in columns] for m in summary],
+    ours = {m for _, table in tables for m in table.sources}
+    order = [m for m in summary if m in ours] + [m for m in summary if m not in ours]     # published rows last
+    emit("suite_summary", ["model"] + list(columns), [[m] + [summary[m].get(c) for c in columns] for m in order],
          "the suite side by side: English and the aggregates of each task",
          lambda m, c: stats[columns[c][0]].get((m, columns[c][1])))
     if baseline is not None and any(baseline in table.sources for _, table in tables):
