@@ -58,6 +58,7 @@ REAL = {
     "molmo2": ((4096, 12288, 32, 8, 128, 151936), (1152, 4304, 16)),           # Molmo2Config (Molmo2-8B)
     "qwen3-vl-moe": ((2048, 5632, 16, 16, 128, 151936), (1152, 4304, 16)),     # Qwen3VLMoeConfig
     "fuyu": ((4096, 16384, 64, 64, 64, 262144), None),   # FuyuConfig (Fuyu-8B): patches projected into the LM
+    "llama4": ((5120, 8192, 40, 8, 128, 202048), (1408, 5632, 16)),          # Llama4Config (Scout-17B-16E; from 5.25)
 }
 PROMPT = ("Location: Brazil. Question: which traditional food is shown in this picture of the market? Options: "
           "A. rice and beans B. a fish stew C. cheese bread D. grilled meat Short Answer:")
@@ -71,6 +72,8 @@ def widen(cfg, family: str) -> None:
     text.hidden_size, text.intermediate_size, text.num_attention_heads = hidden, inter, heads
     text.num_key_value_heads, text.head_dim, text.vocab_size = kv, head_dim, vocab
     text.num_hidden_layers = len(getattr(text, "layer_types", None) or [0, 0])   # the test model's (2; Gemma 4: 3)
+    if hasattr(text, "intermediate_size_mlp"):   # Llama 4: its dense layers' MLP, twice the experts' (Scout: 16384)
+        text.intermediate_size_mlp = 2 * inter
     if getattr(text, "query_pre_attn_scalar", None):
         text.query_pre_attn_scalar = head_dim
     rope = getattr(text, "rope_parameters", None) or {}
@@ -91,8 +94,10 @@ def widen(cfg, family: str) -> None:
             vision.out_hidden_size = hidden
         if hasattr(vision, "head_dim"):
             vision.head_dim = v_hidden // v_heads
-        if hasattr(vision, "vision_output_dim"):
+        if hasattr(vision, "intermediate_layers_indices"):   # Mllama: the last and the intermediate layers' outputs
             vision.vision_output_dim = v_hidden * (len(vision.intermediate_layers_indices) + 1)
+        if hasattr(vision, "projector_output_dim"):          # Llama 4: its pixel-shuffle MLP's widths (Scout's 4096)
+            vision.vision_output_dim = vision.projector_input_dim = vision.projector_output_dim = 4096
         if hasattr(vision, "projection_dim"):
             vision.projection_dim = hidden
     if family == "paligemma":                 # its projector maps to the top-level projection_dim

@@ -84,7 +84,10 @@ def _inputs(b, name, image, prompt):
     else:
         enc = b.processor.apply_chat_template(_user(prompt, image), add_generation_prompt=True, tokenize=True,
                                               return_dict=True, return_tensors="pt", **spec_extra(name))
-    return {k: v for k, v in enc.items() if k in b.forward_keys and k != "labels"}
+    # floating inputs in the model's dtype, as the model cards' `.to(model.device, model.dtype)` (Llama 4's
+    # processor returns bf16 pixels)
+    return {k: v.to(b.model.dtype) if v.is_floating_point() else v for k, v in enc.items()
+            if k in b.forward_keys and k != "labels"}
 
 
 def _text_ids(b, text):
