@@ -59,6 +59,11 @@ class ModelSpec:
     adapter: str | None = None      # generative models: a peft (LoRA) adapter folder applied on top of the model
     allow_adapter_base_mismatch: bool = False  # apply an adapter that records another base model (recorded)
 
+    @property
+    def pinned(self) -> str:
+        """`model@revision` (the model alone when no revision is pinned), as logs and resume files name it."""
+        return self.model + (f"@{self.revision}" if self.revision else "")
+
 
 @runtime_checkable
 class DualEncoder(Protocol):

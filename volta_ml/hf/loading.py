@@ -325,8 +325,7 @@ def adapter_base_mismatch(config: dict, model: torch.nn.Module, spec: ModelSpec)
     if recorded and not same_model(model_identity(str(recorded), config.get("revision")),
                                    model_identity(spec.model, spec.revision)):
         at = f"@{config['revision']}" if config.get("revision") else ""
-        loaded = spec.model + (f"@{spec.revision}" if spec.revision else "")
-        found.append(f"base model {recorded}{at}, the model is {loaded}")
+        found.append(f"base model {recorded}{at}, the model is {spec.pinned}")
     return "; ".join(found) or None
 
 

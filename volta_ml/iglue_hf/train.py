@@ -347,9 +347,8 @@ def build_dual_encoder_job(args, info: DistInfo) -> TrainJob:
         collate_fn=collate,
         on_best_saved=lambda module, best: export_dual_encoder(module, model, run_dir, best),
         shard_units=shard_units,
-        origin={"model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "") + f" ({model.family})"},
-        summary={"hf model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
-                             + f" ({model.family}, {loss} loss"
+        origin={"model": f"{spec.pinned} ({model.family})"},
+        summary={"hf model": f"{spec.pinned} ({model.family}, {loss} loss"
                              + (f", gradient checkpointing in {', '.join(checkpointed)}" if checkpointed else "") + ")",
                  "data": f"train {paths['train']} ({args.hf_lang}, {len(data['train'].images)} images, one caption "
                          f"each per epoch), val {paths['val']}",

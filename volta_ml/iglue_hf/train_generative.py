@@ -204,16 +204,14 @@ def job_origin(spec, backend, plan, lora_config) -> dict:
     if plan.mode == "lora":
         origin = lora_origin(spec, backend, lora_config)
         return dict(origin, **{"vision tower": "trained"}) if "vision" in plan.parts else origin
-    return {"model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
-                     + f" ({backend.model.config.model_type})", "fine-tuning": plan.describe()}
+    return {"model": f"{spec.pinned} ({backend.model.config.model_type})", "fine-tuning": plan.describe()}
 
 
 def lora_origin(spec, backend, lora_config) -> dict:
     """What the trained model is, as the resume file records it (`TrainJob.origin`)."""
     targets = lora_config.target_modules
     targets = [targets] if isinstance(targets, str) else sorted(targets)
-    return {"model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
-                     + f" ({backend.model.config.model_type})",
+    return {"model": f"{spec.pinned} ({backend.model.config.model_type})",
             "LoRA": f"r {lora_config.r} on {','.join(sorted({t.rsplit('.', 1)[-1] for t in targets}))} "
                     f"({len(targets)} modules)",
             "projector": "trained" if lora_config.modules_to_save else "frozen"}
@@ -328,8 +326,8 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
         param_groups=(functools.partial(finetune.param_groups_by_part, modules=modules, lrs=plan.lrs,
                                         weight_decay=args.weight_decay) if plan.lrs else None),
         origin=job_origin(spec, backend, plan, lora_config),
-        summary={"hf model": f"{spec.model}" + (f"@{spec.revision}" if spec.revision else "")
-                             + f" ({backend.model.config.model_type}, prompt format: {backend.prompt_format})",
+        summary={"hf model": f"{spec.pinned} ({backend.model.config.model_type}, prompt format: "
+                             f"{backend.prompt_format})",
                  "fine-tuning": how + (", gradient checkpointing" if args.gradient_checkpointing else "")
                                 + (", trained tensors in float32" if args.hf_dtype == "bf16" and args.amp == "bf16"
                                    else ""),
