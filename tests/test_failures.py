@@ -53,3 +53,30 @@ def test_a_local_nccl_or_gloo_error_keeps_its_traceback(kind, message, capsys):
 def test_other_errors_are_not_peer_failures():
     assert not _is_peer_failure(ValueError("Connection reset by peer"))   # not from a collective
     assert not _is_peer_failure(RuntimeError("CUDA out of memory"))
+
+
+def test_disk_error_is_found_behind_what_each_writer_raises():
+    """A full disk as torch.save (an OSError under its RuntimeError), safetensors (Rust's `(os error 28)` text) and
+    torch.distributed.checkpoint (a CheckpointException holding each failed rank's error) report it; other errors
+    are not disk errors."""
+    import errno
+    import os
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from volta_ml.atomic import disk_error
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    try:
+        try:
+            raise full
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0")
+    except RuntimeError as wrapped:
+        assert disk_error(wrapped) is full
+    rust = disk_error(ValueError("Error while serializing: IoError(No space left on device (os error 28))"))
+    assert rust is not None and rust.errno == errno.ENOSPC
+    ranks = CheckpointException("save failed", {1: (RuntimeError("no"), None), 0: (full, None)})
+    assert disk_error(ranks) is full
+    assert disk_error(CheckpointException("save failed", {0: (RuntimeError("no"), None)})) is None
+    assert disk_error(OSError(errno.EACCES, "Permission denied")) is None and disk_error(ValueError("x")) is None

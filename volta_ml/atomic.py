@@ -43,22 +43,29 @@ _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 def disk_error(error: BaseException) -> OSError | None:
     """The disk error (errno in DISK_ERRNOS) behind `error`: `error` itself, an OSError in its chain (torch's
-    zip writer raises a RuntimeError while handling the OSError of its write), or one that its text names
-    the way Rust's I/O errors do (safetensors' `SafetensorError: ... (os error 28)`); None otherwise."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError):
-            if error.errno in DISK_ERRNOS:
-                return error
+    zip writer raises a RuntimeError while handling the OSError of its write), one that a text names the way Rust's
+    I/O errors do (safetensors' `SafetensorError: ... (os error 28)`), or one a failed rank reported
+    (torch.distributed.checkpoint's CheckpointException keeps each rank's (exception, traceback) in `failures`);
+    None otherwise."""
+    todo, seen = [error], set()
+    while todo:
+        current = todo.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError):
+            if current.errno in DISK_ERRNOS:
+                return current
         else:
-            found = _RUST_OS_ERROR.search(str(error))
+            found = _RUST_OS_ERROR.search(str(current))
             if found and int(found.group(1)) in DISK_ERRNOS:
                 code = int(found.group(1))
                 cause = OSError(code, os.strerror(code))
-                cause.in_text_of = error     # the library names no file (safetensors removes its own)
+                cause.in_text_of = current     # the library names no file (safetensors removes its own)
                 return cause
-        error = error.__cause__ or error.__context__
+        failures = getattr(current, "failures", None)
+        todo += [current.__cause__, current.__context__]
+        todo += [pair[0] for pair in failures.values()] if isinstance(failures, dict) else []
     return None
 
 

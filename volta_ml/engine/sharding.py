@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from volta_ml.atomic import DISK_ERRNOS, WriteError
+from volta_ml.atomic import WriteError, disk_error
 from volta_ml.engine import checkpointing as ckpt
 from volta_ml.engine.distributed import DistInfo, barrier, broadcast_object, gather_objects
 from volta_ml.engine.failures import UsageError
@@ -282,22 +282,6 @@ def shard_folder(path, state: dict) -> Path:
     return Path(path).parent / SHARDS_NAME / state["sharded"]["folder"]
 
 
-def _disk_error(error: BaseException) -> OSError | None:
-    """The disk error (full, read-only, quota) behind a failed checkpoint write, if that is what it was (a
-    CheckpointException carries each failed rank's (exception, traceback))."""
-    todo, seen = [error], set()
-    while todo:
-        current = todo.pop()
-        if not isinstance(current, BaseException) or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in DISK_ERRNOS:
-            return current
-        todo += [current.__cause__, current.__context__]
-        todo += [pair[0] for pair in (getattr(current, "failures", None) or {}).values()]
-    return None
-
-
 def _optimizer_layout(optimizer, params: dict[str, torch.Tensor]) -> tuple[dict, dict, list]:
     """(tensors, layout, groups) of the optimizer's state: its tensors by "<name>/<key>" for the checkpoint
     folder; per parameter name and key either ["param", dtype] (shaped and sharded like the parameter),
@@ -340,7 +324,7 @@ def save_sharded_state(path: Path, model, optimizer, pending: bool, info: DistIn
     except (Exception, CheckpointException) as error:   # any rank's failure reaches every rank
         if info.is_main:
             shutil.rmtree(folder, ignore_errors=True)
-        disk = _disk_error(error)
+        disk = disk_error(error)
         if disk is not None:
             raise WriteError(Path(path), disk) from error
         if isinstance(error, CheckpointException):   # a BaseException: make it an error the CLI reports
