@@ -247,6 +247,31 @@ def _damaged_store(tmp_path, fmt: str) -> tuple[str, list[str]]:
     return path, [k.decode() for k in keys]
 
 
+def test_a_branch_page_pointing_outside_itself_is_named_not_followed(tmp_path):
+    """A damaged branch page whose header still reads right but whose node table points past the page: the tree
+    check names the page (it read past the page before, or failed with a struct error at the file's end)."""
+    import struct
+
+    from helpers_lmdb_pages import DB_SIZE, META_DB, P_BRANCH, PAGE_HEADER
+    from volta_ml.features.lmdb_values import damaged_page
+
+    path = str(tmp_path / "native.lmdb")
+    with open_writer(path, "native") as writer:
+        for i, (_, img) in enumerate(L.random_images(160, boxes=1, dim=4, seed=1).items()):
+            writer.put(f"img{i:04d}", img["features"], img["boxes"], img["img_w"], img["img_h"])
+    data, psize = os.path.join(path, "data.mdb"), 4096
+    assert damaged_page(data, psize) is None
+    blob = bytearray(open(data, "rb").read())
+    metas = [(struct.unpack_from("<Q", blob, m * psize + META_DB + 2 * DB_SIZE + 8)[0],
+              struct.unpack_from("<Q", blob, m * psize + META_DB + DB_SIZE + 40)[0]) for m in (0, 1)]
+    root = max(metas)[1]
+    assert struct.unpack_from("<H", blob, root * psize + 10)[0] & P_BRANCH, "160 records: the root is a branch"
+    struct.pack_into("<H", blob, root * psize + PAGE_HEADER, psize - 2)      # node 0 past the page's end
+    with open(data, "wb") as f:
+        f.write(bytes(blob))
+    assert damaged_page(data, psize) == f"page {root} is damaged: its node 0 lies at {psize - 2}, outside the page"
+
+
 def test_damaged_lmdb_data_pages_are_one_line_naming_store_and_key(tmp_path, capsys):
     """A store whose LMDB header is valid but one of whose data pages is damaged (lmdb.CorruptedError at read
     time): `volta-ml features verify` ends with one line naming the store and the key (native: the page; listing

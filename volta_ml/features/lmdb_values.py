@@ -203,9 +203,13 @@ def damaged_page(data_file: str, psize: int) -> str | None:
                 return f"page {pgno} is not the tree page it should be: it reads as page {number}, flags {flags:#x}"
             if flags & _P_BRANCH:
                 base = pgno * psize
+                if not 16 <= lower <= psize:
+                    return f"page {pgno} is damaged: its node table ends at {lower}, outside the page"
                 for i in range((lower - 16) // 2):
-                    node = base + struct.unpack_from("<H", pages, base + 16 + 2 * i)[0]
-                    lo, hi, high = struct.unpack_from("<HHH", pages, node)
+                    offset = struct.unpack_from("<H", pages, base + 16 + 2 * i)[0]
+                    if not lower <= offset <= psize - 8:      # a node (8-byte header) lies past the node table
+                        return f"page {pgno} is damaged: its node {i} lies at {offset}, outside the page"
+                    lo, hi, high = struct.unpack_from("<HHH", pages, base + offset)
                     pending.append(lo | hi << 16 | high << 32)
     return None
 
