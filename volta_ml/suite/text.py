@@ -38,8 +38,6 @@ from pathlib import Path
 
 from volta_ml.engine.failures import UsageError
 
-from . import ptb
-
 ARTICLES = {"a", "an", "the"}
 NUMBER_WORDS = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
                 "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
@@ -154,11 +152,6 @@ def ptb_jar(captions: list[str]) -> list[str]:
         raise RuntimeError(f"pycocoevalcap's PTBTokenizer returned {sum(map(len, tokenized.values()))} lines for "
                            f"{len(captions)} captions: did java fail? (its messages are above)")
     return [tokenized[i][0] for i in range(len(captions))]
-
-
-def caption_tokens(text: str, lang: str, segment: bool = True) -> list[str]:
-    """The CIDEr tokens of a caption under `cider-pyptb`: `prepare`, then the PTB step in Python (`ptb.tokens`)."""
-    return ptb.tokens(prepare(text, lang, segment))
 
 
 # --- answers ----------------------------------------------------------------------------------------------------
