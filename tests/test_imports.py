@@ -62,3 +62,13 @@ def test_the_planner_does_not_import_the_iglue_hf_pipeline():
     upward = sorted((a, b) for a, targets in graph.items() if a.startswith("volta_ml.protocols")
                     for b in targets if b.startswith("volta_ml.iglue_hf"))
     assert upward == []
+
+
+def test_the_pipelines_do_not_import_the_command_line_above_them():
+    """`volta_ml/cli` sits on top (docs/architecture.md): the pipelines' own command lines take what they share
+    with it (`backend_options`, `int_at_least`, `VoltaArgumentParser`) from below (`hf/base.py`, `options.py`)."""
+    graph = import_graph()
+    rooms = ("volta_ml.cvqa", "volta_ml.iglue_hf", "volta_ml.suite", "volta_ml.pretrain")
+    upward = sorted((a, b) for a, targets in graph.items() if a.startswith(rooms)
+                    for b in targets if b.startswith("volta_ml.cli"))
+    assert upward == []

@@ -5,8 +5,11 @@ exit code 2, one line naming the flag: `OneLineParser`). Imports nothing from th
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
+import sys
+import warnings
 
 
 def complete_options(name: str, given: dict, defaults: dict, required) -> dict:
@@ -27,6 +30,34 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class VoltaArgumentParser(OneLineParser):
+    """argparse with VOLTA-friendly errors. Also usable as a `volta-ml` subcommand parser: set
+    `sub.__class__ = VoltaArgumentParser` after `add_parser` (argparse offers no other hook)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        if args and args[-1] == "deactivate":
+            warnings.warn("ignoring the trailing bare 'deactivate' argument (a shell line-continuation slip in "
+                          "the IGLUE scripts)", stacklevel=2)
+            args = args[:-1]
+        parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(self._explain_unknown(unknown))
+        return parsed, unknown
+
+    def _explain_unknown(self, unknown: list[str]) -> str:
+        options = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        parts = []
+        for token in unknown:
+            flag = token.split("=", 1)[0]
+            if flag.startswith("-"):
+                close = difflib.get_close_matches(flag, options, n=1, cutoff=0.5)
+                parts.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
+            else:
+                parts.append(repr(token))
+        return "unrecognized arguments: " + ", ".join(parts)
 
 
 def int_at_least(minimum: int, maximum: int | None = None):

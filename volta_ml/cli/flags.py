@@ -11,52 +11,10 @@ Flags keep IGLUE-VOLTA's names, types and defaults. Differences, all additive:
 from __future__ import annotations
 
 import argparse
-import difflib
-import sys
-import warnings
 
 from volta_ml.data.text import VOLTA_DEFAULT_TOKENIZER
 # the bounded argparse types, used here and by every command line (imported from here or from volta_ml.options)
-from volta_ml.options import SEED, OneLineParser, float_in, int_at_least, json_object  # noqa: F401
-
-
-def backend_options(text: str) -> dict:
-    """argparse `type`: a JSON object of backend options (`ModelSpec.extra`: `--extra`, `--hf_extra`) whose known
-    keys have the type the backends read (`volta_ml.hf.base.EXTRA_OPTIONS`): `{"max_images": "lots"}` is refused."""
-    value = json_object(text)
-    from volta_ml.hf.base import extra_option_error   # here: torch loads only when the flag is given
-    problem = extra_option_error(value)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return value
-
-
-class VoltaArgumentParser(OneLineParser):
-    """argparse with VOLTA-friendly errors. Also usable as a `volta-ml` subcommand parser: set
-    `sub.__class__ = VoltaArgumentParser` after `add_parser` (argparse offers no other hook)."""
-
-    def parse_known_args(self, args=None, namespace=None):
-        args = list(sys.argv[1:] if args is None else args)
-        if args and args[-1] == "deactivate":
-            warnings.warn("ignoring the trailing bare 'deactivate' argument (a shell line-continuation slip in "
-                          "the IGLUE scripts)", stacklevel=2)
-            args = args[:-1]
-        parsed, unknown = super().parse_known_args(args, namespace)
-        if unknown:
-            self.error(self._explain_unknown(unknown))
-        return parsed, unknown
-
-    def _explain_unknown(self, unknown: list[str]) -> str:
-        options = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
-        parts = []
-        for token in unknown:
-            flag = token.split("=", 1)[0]
-            if flag.startswith("-"):
-                close = difflib.get_close_matches(flag, options, n=1, cutoff=0.5)
-                parts.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
-            else:
-                parts.append(repr(token))
-        return "unrecognized arguments: " + ", ".join(parts)
+from volta_ml.options import SEED, OneLineParser, VoltaArgumentParser, float_in, int_at_least, json_object  # noqa: F401
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:

@@ -11,8 +11,14 @@ import argparse
 import sys
 
 from volta_ml.cli.flags import (
-    VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags, backend_options, float_in, int_at_least,
+    VoltaArgumentParser, add_model_flags, add_task_flags, add_volta_ml_flags, float_in, int_at_least,
 )
+
+
+def backend_options(text: str) -> dict:
+    """`--hf_extra`'s type: `volta_ml.hf.base.backend_options`, imported when the flag is given (torch loads then)."""
+    from volta_ml.hf.base import backend_options as parse
+    return parse(text)
 
 
 def add_train_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

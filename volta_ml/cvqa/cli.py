@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from volta_ml.cli.flags import int_at_least
+from volta_ml.options import int_at_least
 from volta_ml.engine.failures import UsageError
 from volta_ml.features.detectors.presets import PRESETS
 from volta_ml.hf.base import LETTER_SPELLINGS

@@ -130,7 +130,7 @@ def run_demo(out_dir: str | Path, size: str = "full", seed: int = 0, threads: in
     from volta_ml.engine.distributed import DistInfo
     from volta_ml.engine.evaluate import evaluate
     from volta_ml.engine.train import TrainJob, train
-    from volta_ml.cli.train_task import seed_everything
+    from volta_ml.engine.run_job import seed_everything
     from volta_ml.tasks import family_for
     from volta_ml.tasks.config import load_task_config
     from volta_ml.tasks.regions import open_region_view

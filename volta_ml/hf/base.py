@@ -40,11 +40,14 @@ Refinements made while implementing (no signature changed; all additions are opt
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 from PIL import Image
+
+from volta_ml.options import json_object
 
 
 @dataclass(frozen=True)
@@ -139,3 +142,14 @@ def extra_option_error(extra: dict) -> str | None:
         if key in EXTRA_OPTIONS and not EXTRA_OPTIONS[key][1](value):
             return f"{key!r} must be {EXTRA_OPTIONS[key][0]}, got {value!r}"
     return None
+
+
+def backend_options(text: str) -> dict:
+    """argparse `type`: a JSON object of backend options (`ModelSpec.extra`: `--extra`, `--hf_extra`) whose known
+    keys have the type the backends read (`EXTRA_OPTIONS`): `{"max_images": "lots"}` is refused. It sits here, below
+    the pipelines' command lines (`iglue_hf/cli.py`, `suite/cli.py`) and `cli/train_flags.py`, which all use it."""
+    value = json_object(text)
+    problem = extra_option_error(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from volta_ml.cli.flags import backend_options, int_at_least
+from volta_ml.hf.base import backend_options
+from volta_ml.options import int_at_least
 
 from .images import DEFAULT_TEMPLATES
 from .run import PROTOCOLS

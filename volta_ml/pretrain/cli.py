@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from volta_ml.cli.flags import SEED, VoltaArgumentParser, float_in, int_at_least
+from volta_ml.options import SEED, VoltaArgumentParser, float_in, int_at_least
 
 CONCAP_PROG, WIKI_PROG = "train_concap.py", "train_concap_wiki.py"
 
@@ -147,7 +147,7 @@ def parse_args(argv=None, wiki: bool = False) -> argparse.Namespace:
 
 
 def run_pretraining(args, prog: str) -> int:
-    from volta_ml.cli.train_task import run
+    from volta_ml.engine.run_job import run
     from volta_ml.pretrain.job import build_pretrain_job
     return run(args, build_pretrain_job, prog)
 

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from volta_ml.engine.train import TrainJob
-from volta_ml.cli.train_task import run
+from volta_ml.engine.run_job import run
 from volta_ml.cli.train_flags import add_train_flags
 
 N_FEATURES, N_CLASSES = 8, 3
