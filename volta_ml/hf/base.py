@@ -99,7 +99,19 @@ class Generative(Protocol):
 
     def generate(self, images: Sequence[Sequence[Image.Image | None]], prompts: Sequence[str],
                  max_new_tokens: int) -> list[str]:
-        """Greedy answers, special tokens and the prompt stripped."""
+        """Greedy answers, special tokens and the prompt stripped; each an `Answer` (a `str`) whose `truncated`
+        says that generation stopped at `max_new_tokens`, not at an end token."""
+
+
+class Answer(str):
+    """A generated answer: the text (it is a `str`), and `truncated`: True when generation stopped because it
+    reached `max_new_tokens` rather than at an end-of-sequence / stop token (the answer is then cut short)."""
+    truncated: bool
+
+    def __new__(cls, text: str, truncated: bool = False):
+        answer = super().__new__(cls, text)
+        answer.truncated = bool(truncated)
+        return answer
 
 
 LETTER_SPELLINGS = ("natural", "all")   # Generative letter rule: the answer token | logsumexp of every spelling
