@@ -22,7 +22,8 @@ LAYOUTS = ("image_tokens", "query_tokens")
 @dataclass(frozen=True)
 class Family:
     layout: str = "image_tokens"     # "image_tokens": placeholders in the text; "query_tokens": BLIP's Q-Former
-    needs_image: bool = False        # the processor cannot run without an image: the blind control gets a blank one
+    needs_image: bool = False        # the processor cannot run without an image, or frames the prompt only around
+    #                                  one (set at load for Fuyu's): the blind control gets a blank one
     fallback: str = "image_newline"  # frame without a chat template: "image_newline" (<image>\n per image),
     #                                  "image_prefix" (<image> per image, the processor adds BOS), "as_is" (BLIP)
     max_images: int | None = None    # images per prompt of its checkpoints' training when one (model cards); None:

@@ -20,8 +20,9 @@ template (or `spec.extra["chat_template"] = False`) the frame is the family's (`
 `<image>\\n` per image then the prompt; PaliGemma `<image>` per image then the prompt (its processor adds BOS and
 the closing newline); BLIP family the prompt as is. A processor that places the image tokens itself (Fuyu's: the
 patch rows, BOS, the prompt, `<0x04>`) is detected at load (`_own_placement`) and framed as the BLIP family: the
-prompt as is, a blank image for the blind control, and what it writes after the prompt as the frame's end.
-`self.prompt_format` says which was used.
+prompt as is, a blank image for the blind control, and what it writes after the prompt as the frame's end, after
+which the letter and the continuations are read (Fuyu: the answer after its beginning-of-answer `<0x04>`, which
+the processor writes once and is never scored). `self.prompt_format` says which was used.
 
 Positions come from each batch's own inputs, never from state the model keeps between calls (Qwen-VL's and GLM's
 `rope_deltas` of the previous batch): `prompt_positions(batch)` is the model's `get_rope_index` on this batch for
@@ -32,7 +33,9 @@ KV-cache continuations carry what `generate` carries: `cross_attention_mask` (Ml
 repeated), `token_type_ids` / `mm_token_type_ids` over the continuation (0 = text; PaliGemma 1 = causal suffix).
 
 Blind control (`None` images): families whose processor runs without an image get none (a text-only prompt);
-those whose processor requires an image (`Family.needs_image`: PaliGemma, BLIP family) get `blank_image()`.
+those whose processor requires an image (`Family.needs_image`: PaliGemma, BLIP family) or frames the prompt only
+around one (Fuyu: without an image `[BOS] prompt`, no rows and no `<0x04>`) get `blank_image()`, in the frame a
+photo gets.
 
 At load, probes run the model's own code (one forward of a one-word blind prompt; the processor on blank images):
 a model type whose code fails there in the installed transformers (Llama 4's forward in 5.24, an Aria processor's
