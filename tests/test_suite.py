@@ -25,6 +25,8 @@ from volta_ml.suite.table import TASKS
 MAXM_ANSWERS = ("Red.", "Two", "The dogs", "红色", "米饭")
 MTVQA_ANSWERS = ("株式会社ABCです", "さくら")
 M3EXAM_ANSWERS = ("B", "(C) สาม", "A. หนึ่ง", "I do not know", "E")
+MMMB_ANSWERS = ("The answer is B.", "A", "red", "I think C or D", "Sorry, I can't help with images of people yet.",
+                "两只")
 CAPTIONS = ("A red car in front of a house.", "红色的汽车", "รถยนต์สีแดง", "two dogs playing on the grass", "两只狗在玩")
 
 
@@ -41,7 +43,8 @@ def data_of(suite, task: str) -> tuple[str, dict]:
             "xm3600_retrieval": (str(xm["captions"]), {}), "mtvqa": (str(suite["mtvqa"]), {}),
             "xmmmu": (str(suite["xmmmu"]), {}), "m3exam": (str(suite["m3exam"]), {}),
             "kaleidoscope": (str(suite["kaleidoscope"]), {}),
-            "kaleidoscope_multimodal": (str(suite["kaleidoscope"]), {})}[task]
+            "kaleidoscope_multimodal": (str(suite["kaleidoscope"]), {}), "mmmb": (str(suite["mmmb"]), {}),
+            "vlmevalkit_mcq": (str(Path(suite["mmmb"]) / "mmmb" / "mmmb_cn.tsv"), {})}[task]
 
 
 def options(suite, task, lang, out, **extra):
@@ -55,7 +58,7 @@ def backend_for(task):
     if task == "xm3600_retrieval":
         return FakeDual()
     answers = {"xm3600": CAPTIONS, "xm100": CAPTIONS, "maxm": MAXM_ANSWERS, "mtvqa": MTVQA_ANSWERS,
-               "m3exam": M3EXAM_ANSWERS}
+               "m3exam": M3EXAM_ANSWERS, "mmmb": MMMB_ANSWERS, "vlmevalkit_mcq": MMMB_ANSWERS}
     return FakeExamGenerative(answers=answers.get(task, EXAM_ANSWERS))
 
 
@@ -109,7 +112,8 @@ CASES = [("maxm", "en", "exact"), ("maxm", "zh", "relaxed"), pytest.param("xm360
          pytest.param("xm100", "en", "cider", marks=needs_java), ("mtvqa", "ja", "mtvqa"),
          ("xmmmu", "ja", "generate"), ("xmmmu", "ja", "letter"), ("m3exam", "th", "generate"),
          ("m3exam", "th", "letter"), ("kaleidoscope", "uk", "generate"), ("kaleidoscope", "uk", "letter"),
-         ("kaleidoscope_multimodal", "uk", "reference")]
+         ("kaleidoscope_multimodal", "uk", "reference"), ("mmmb", "en", "vlmevalkit"), ("mmmb", "zh", "letter"),
+         ("vlmevalkit_mcq", "cn", "vlmevalkit")]
 
 
 @pytest.mark.parametrize("task,lang,rule", CASES)
