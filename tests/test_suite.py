@@ -557,3 +557,72 @@ def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
                                               "XM3600_retrieval_tr_r1", "suite_summary")
                  for r in (report / f"{name}.csv").read_text().splitlines() if "(published)" in r}
     assert bare_cells(report, exempt_columns=("p",), exempt_rows=published) == []
+
+
+def test_vlmevalkit_tsv_read_as_vlmevalkit_reads_it(suite):
+    """MMMB's TSV: a row without an image left out and counted, an image given as another row's index is that
+    row's image, a list literal is several images, pandas' missing words ("None") are no option, the hint kept."""
+    data = TASKS["mmmb"].reader(resolve(str(suite["mmmb"])), "en", {})
+    assert [it.id for it in data.items] == ["0", "1", "2", "3"] and data.skipped == {"no image": 1}
+    by_id = {it.id: it for it in data.items}
+    assert by_id["2"].images == by_id["0"].images == (("0", 0),)              # index "0" as the image cell
+    assert by_id["3"].images == (("3", 0), ("3", 1))
+    assert by_id["2"].options == ("yes", "no", "cannot tell") and by_id["1"].options == ("1", "2", "3")
+    assert by_id["1"].meta["hint"] == "Count the animals." and by_id["0"].meta["hint"] is None
+    assert [data.store.load(k).size for k in by_id["3"].images] == [(12, 12), (11, 10)]
+    generic = TASKS["vlmevalkit_mcq"].reader(resolve(str(suite["mmmb"]) + "/mmmb"), "cn", {})
+    zh = TASKS["mmmb"].reader(resolve(str(suite["mmmb"])), "zh", {})
+    assert [(it.id, it.options, it.answer, it.images) for it in generic.items] == \
+        [(it.id, it.options, it.answer, it.images) for it in zh.items]
+
+
+def test_vlmevalkit_tsv_bad_inputs_are_one_line_exit_2(suite, tmp_path, capsys):
+    import re
+
+    source = Path(suite["mmmb"]) / "mmmb" / "mmmb_en.tsv"
+    lines = source.read_text(encoding="utf-8").splitlines()
+
+    def variant(name: str, fn) -> str:
+        path = tmp_path / name
+        path.write_text("\n".join(fn(list(lines))) + "\n", encoding="utf-8")
+        return str(path)
+
+    def cell(row: int, column: str, value: str):
+        def fn(rows):
+            header = rows[0].split("\t")
+            fields = rows[row].split("\t")
+            fields[header.index(column)] = value
+            rows[row] = "\t".join(fields)
+            return rows
+        return fn
+
+    def argv(task, lang, data):
+        return ["--task", task, "--lang", lang, "--data", data, "--backend", "mllm", "--model", "/m/none",
+                "--output_dir", str(tmp_path / "out")]
+
+    no_answer = variant("no_answer.tsv", lambda rows: ["\t".join(f for f in r.split("\t")[:7] + r.split("\t")[8:])
+                                                       for r in rows])
+    cases = [
+        (argv("vlmevalkit_mcq", "en", no_answer), r"no_answer.tsv: missing column\(s\) \['answer'\]"),
+        (argv("vlmevalkit_mcq", "en", variant("bad_answer.tsv", cell(2, "answer", "D"))),
+         r"bad_answer.tsv: data row 2 \(index 1\): answer 'D' is not one of the option letters ABC"),
+        (argv("vlmevalkit_mcq", "en", variant("gap.tsv", cell(1, "B", ""))),
+         r"gap.tsv: data row 1 \(index 0\): option B is empty but a later one is not"),
+        (argv("vlmevalkit_mcq", "en", variant("ref.tsv", cell(3, "image", "42"))),
+         r"ref.tsv: data row 3 \(index 2\): image '42' is short, so the index of another row's image"),
+        (argv("vlmevalkit_mcq", "en", variant("twice.tsv", cell(2, "index", "0"))),
+         r"twice.tsv: data row 2: index 0 repeated \(data row 1\)"),
+        (argv("vlmevalkit_mcq", "en", variant("list.tsv", cell(4, "image", "[" + "not base64 " * 8 + "]"))),
+         r"list.tsv: data row 4 \(index 3\): image starts with '\[' but is not a list literal"),
+        (argv("vlmevalkit_mcq", "e n", str(source)), r"VLMEvalKit_MCQ: language 'e n' is not a code"),
+        (argv("vlmevalkit_mcq", "ko", str(source.parent)), r"mmmb: 0 TSVs of language 'ko' \(<lang>.tsv or "
+                                                            r"\*_<lang>.tsv\); give --data FILE.tsv"),
+        (argv("mmmb", "cn", str(suite["mmmb"])), r"MMMB has no language 'cn'; its languages: en, zh, pt, ar, tr, ru"),
+        (argv("mmmb", "pt", str(suite["mmmb"])), r"MMMB file of language 'pt' \(mmmb_pt.tsv\) not found"),
+    ]
+    for args, pattern in cases:
+        code, err = _cli(args, capsys)
+        assert code == 2, (args, err)
+        out = err.splitlines()
+        assert len(out) == 1 and out[0].startswith("volta-ml suite: error: "), err
+        assert re.search(pattern, out[0]), (pattern, out[0])
