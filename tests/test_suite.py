@@ -253,6 +253,17 @@ def _cli(argv: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err.strip()
 
 
+def _one_line_errors(cases, capsys) -> None:
+    """Each (argv, pattern): exit 2 and one stderr line `volta-ml suite: error: ...` matching the pattern."""
+    import re
+    for args, pattern in cases:
+        code, err = _cli(args, capsys)
+        assert code == 2, (args, err)
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("volta-ml suite: error: "), err
+        assert re.search(pattern, lines[0]), (pattern, lines[0])
+
+
 def _break(path: Path, fn) -> None:
     path.write_text(fn(path.read_text(encoding="utf-8")), encoding="utf-8")
 
@@ -300,13 +311,7 @@ def test_bad_inputs_are_one_line_exit_2(suite, tmp_path, capsys):
         (argv("m3exam", "th", rule="nope"), r"--rule 'nope' does not apply to m3exam; known: generate, letter, pangea"),
         (argv("xm3600", "en", images=tmp_path / "nowhere"), r"4 of the 4 images the xm3600 en questions show are not under .*nowhere"),
     ]
-    import re
-    for args, pattern in cases:
-        code, err = _cli(args, capsys)
-        assert code == 2, (args, err)
-        lines = err.splitlines()
-        assert len(lines) == 1 and lines[0].startswith("volta-ml suite: error: "), err
-        assert re.search(pattern, lines[0]), (pattern, lines[0])
+    _one_line_errors(cases, capsys)
 
 
 def test_images_that_do_not_decode_are_scored_without_and_listed(suite, tmp_path, capsys, monkeypatch):
@@ -476,8 +481,8 @@ def test_the_example_grid_plans_every_task():
 
 
 def test_suite_tiny_example_plans_the_documented_sweep(suite, tmp_path):
-    """examples/suite_tiny.py (docs/suite.md, "A sweep on tiny models"): its grid over the tiny releases plans the 57
-    cells the page shows, with the grid's baseline; without Java the caption cells take cider-pyptb; the page shows
+    """examples/suite_tiny.py (docs/suite.md, "A sweep on tiny models"): its grid over the tiny releases plans the 65
+    cells the page says (57 shown in its run, MMMB's 8 run on their own), with the grid's baseline; without Java the caption cells take cider-pyptb; the page shows
     the commands the script prints."""
     import importlib.util
 
@@ -490,11 +495,13 @@ def test_suite_tiny_example_plans_the_documented_sweep(suite, tmp_path):
     models = {name: tmp_path / name for name in ("llava", "qwen2-vl", "clip")}
     grid = load_grid(script.write_grid(tmp_path, suite, models))
     cells = {c.id for c in plan_cells(grid)}
-    assert len(cells) == 57 and grid.baseline == "llava" and "suite/llava/xmmmu/letter/ja" in cells
+    assert len(cells) == 65 and grid.baseline == "llava" and "suite/llava/xmmmu/letter/ja" in cells
+    assert {c for c in cells if "/mmmb/" in c} == {f"suite/{m}/mmmb/{r}/{l}" for m in ("llava", "qwen2-vl")
+                                                  for r in ("vlmevalkit", "letter") for l in ("en", "zh")}
     no_java = {c.id for c in plan_cells(load_grid(script.write_grid(tmp_path, suite, models, java=False)))}
-    assert "suite/qwen2-vl/xm3600/cider-pyptb/th" in no_java and len(no_java) == 57
+    assert "suite/qwen2-vl/xm3600/cider-pyptb/th" in no_java and len(no_java) == 65
     text = (REPO / "docs" / "suite.md").read_text(encoding="utf-8")
-    assert "57 ran" in text and [line for line in script.COMMANDS.splitlines() if line not in text] == []
+    assert "57 ran" in text and "The grid plans 65 cells" in text and [line for line in script.COMMANDS.splitlines() if line not in text] == []
 
 
 def csv_rows(path: Path) -> list[dict]:
@@ -577,8 +584,6 @@ def test_vlmevalkit_tsv_read_as_vlmevalkit_reads_it(suite):
 
 
 def test_vlmevalkit_tsv_bad_inputs_are_one_line_exit_2(suite, tmp_path, capsys):
-    import re
-
     source = Path(suite["mmmb"]) / "mmmb" / "mmmb_en.tsv"
     lines = source.read_text(encoding="utf-8").splitlines()
 
@@ -620,9 +625,31 @@ def test_vlmevalkit_tsv_bad_inputs_are_one_line_exit_2(suite, tmp_path, capsys):
         (argv("mmmb", "cn", str(suite["mmmb"])), r"MMMB has no language 'cn'; its languages: en, zh, pt, ar, tr, ru"),
         (argv("mmmb", "pt", str(suite["mmmb"])), r"MMMB file of language 'pt' \(mmmb_pt.tsv\) not found"),
     ]
-    for args, pattern in cases:
-        code, err = _cli(args, capsys)
-        assert code == 2, (args, err)
-        out = err.splitlines()
-        assert len(out) == 1 and out[0].startswith("volta-ml suite: error: "), err
-        assert re.search(pattern, out[0]), (pattern, out[0])
+    _one_line_errors(cases, capsys)
+
+
+def test_a_format_without_languages_takes_the_grids_codes(tmp_path):
+    """vlmevalkit_mcq has no languages of its own: the grid must name them, its cells take them, the report's
+    table has the languages found (English first) and no "partial" caption."""
+    import yaml
+
+    from volta_ml.protocols.grid import GridError, load_grid
+    from volta_ml.protocols.runners import plan_cells
+    from volta_ml.protocols.suite_report import SuiteTable
+
+    def grid(**section):
+        path = tmp_path / "g.yml"
+        path.write_text(yaml.safe_dump({"name": "g", "output_dir": str(tmp_path / "runs"), "suite": {
+            "tasks": ["vlmevalkit_mcq"], "data": {"vlmevalkit_mcq": str(tmp_path)},
+            "models": {"m": {"backend": "mllm", "model": "/m"}}, **section}}))
+        return path
+
+    with pytest.raises(GridError, match=r"suite.languages: give the languages of \['vlmevalkit_mcq'\]"):
+        load_grid(grid())
+    with pytest.raises(GridError, match=r"language 'k o' is not a code"):
+        load_grid(grid(languages={"vlmevalkit_mcq": ["en", "k o"]}))
+    cells = plan_cells(load_grid(grid(languages={"vlmevalkit_mcq": ["ko", "en"]})))
+    assert sorted(c.id for c in cells) == ["suite/m/vlmevalkit_mcq/en", "suite/m/vlmevalkit_mcq/ko"]
+    table = SuiteTable("vlmevalkit_mcq", "score", {"m": {"ko": 50.0, "en": 40.0, "ar": 30.0}})
+    assert table.header() == ["model", "en", "ar", "ko", "mul"] and table.rows() == [["m", 40.0, 30.0, 50.0, 40.0]]
+    assert "partial" not in table.caption()
