@@ -653,3 +653,26 @@ def test_a_format_without_languages_takes_the_grids_codes(tmp_path):
     table = SuiteTable("vlmevalkit_mcq", "score", {"m": {"ko": 50.0, "en": 40.0, "ar": 30.0}})
     assert table.header() == ["model", "en", "ar", "ko", "mul"] and table.rows() == [["m", 40.0, 30.0, 50.0, 40.0]]
     assert "partial" not in table.caption()
+
+
+def test_vlmevalkit_tsv_cells_as_pandas_reads_them(tmp_path):
+    """What VLMEvalKit's pd.read_csv(sep="\\t") makes of the cells, written out by hand: its missing-value words are
+    no option, a column of integers prints as integers, one with an empty cell or a decimal as floats; a quoted
+    cell may hold a tab or a line break, and U+2028 / U+0085 inside a question end no line."""
+    from volta_ml.suite.readers import read_vlmevalkit_tsv
+
+    image = __import__("helpers_suite").b64("cells")
+    rows = [["index", "question", "A", "B", "C", "D", "answer", "image"],
+            ["7", "How many?\u2028Count\x85them", "1", "2", "3", "NA", "C", image],
+            ["8", '"Two\tlines\nhere"', "4", "1.5", "", "", "B", "7"],
+            ["9", "Which one?", "5", "6", "None", "x", "A", "7"]]
+    path = tmp_path / "cells.tsv"
+    path.write_text("\n".join("\t".join(r) for r in rows) + "\n", encoding="utf-8")
+    with pytest.raises(Exception, match=r"data row 3 \(index 9\): option C is empty but a later one is not"):
+        read_vlmevalkit_tsv(path, "en")
+    path.write_text("\n".join("\t".join(r) for r in rows[:3]) + "\n", encoding="utf-8")
+    items = read_vlmevalkit_tsv(path, "en").items
+    assert [(it.id, it.question, it.options, it.answer) for it in items] == [
+        ("7", "How many?\u2028Count\x85them", ("1", "2.0", "3.0"), 2),     # B holds 1.5 below: floats
+        ("8", "Two\tlines\nhere", ("4", "1.5"), 1)]
+    assert items[1].images == items[0].images == (("7", 0),)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import io
 import re
 import sys
 import unicodedata
@@ -386,7 +387,7 @@ def _tsv_columns(path: Path) -> dict[str, list]:
     """column -> its cells (None: missing), as pandas' default `read_csv(sep="\t")` gives them to VLMEvalKit: the
     missing-value words above, and a column whose cells are all numbers read as numbers (integers; with a missing
     cell, or a decimal, floats: "3" then prints "3.0"), kept here as the text VLMEvalKit's f-strings print."""
-    lines = read_text(path, "VLMEvalKit TSV").splitlines()
+    lines = io.StringIO(read_text(path, "VLMEvalKit TSV"), newline="")     # lines end at \n, \r only (not U+2028)
     csv.field_size_limit(max(csv.field_size_limit(), min(sys.maxsize, 2 ** 31 - 1)))   # base64 images are long
     try:
         rows = [r for r in csv.reader(lines, delimiter="\t") if r]
