@@ -669,10 +669,35 @@ def test_vlmevalkit_tsv_cells_as_pandas_reads_them(tmp_path):
     path = tmp_path / "cells.tsv"
     path.write_text("\n".join("\t".join(r) for r in rows) + "\n", encoding="utf-8")
     with pytest.raises(Exception, match=r"data row 3 \(index 9\): option C is empty but a later one is not"):
-        read_vlmevalkit_tsv(path, "en")
+        read_vlmevalkit_tsv(path, "en", {})
     path.write_text("\n".join("\t".join(r) for r in rows[:3]) + "\n", encoding="utf-8")
-    items = read_vlmevalkit_tsv(path, "en").items
+    items = read_vlmevalkit_tsv(path, "en", {}).items
     assert [(it.id, it.question, it.options, it.answer) for it in items] == [
         ("7", "How many?\u2028Count\x85them", ("1", "2.0", "3.0"), 2),     # B holds 1.5 below: floats
         ("8", "Two\tlines\nhere", ("4", "1.5"), 1)]
     assert items[1].images == items[0].images == (("7", 0),)
+
+
+def test_vlmevalkit_tsv_of_image_files(suite, tmp_path):
+    """A meta-only TSV (no image column): image_path names the files, one or a list, relative to --images (by
+    default the TSV's folder); a missing file is one line before any scoring."""
+    import csv
+
+    from helpers_suite import picture
+    from volta_ml.iglue_hf.images import MissingImagesError
+
+    (tmp_path / "imgs").mkdir()
+    for name in ("a.png", "b.png"):
+        picture(name).save(tmp_path / "imgs" / name)
+    path = tmp_path / "meta_en.tsv"
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        out = csv.writer(handle, delimiter="\t", lineterminator="\n")
+        out.writerow(["index", "question", "A", "B", "answer", "image_path"])
+        out.writerow([1, "Which?", "x", "y", "A", "imgs/a.png"])
+        out.writerow([2, "Both?", "x", "y", "B", repr(["imgs/a.png", "imgs/b.png"])])
+    data = TASKS["vlmevalkit_mcq"].reader(path, "en", {})
+    assert [it.images for it in data.items] == [("imgs/a.png",), ("imgs/a.png", "imgs/b.png")]
+    assert data.store.load("imgs/b.png").size == picture("b.png").size
+    elsewhere = TASKS["vlmevalkit_mcq"].reader(path, "en", {"images": str(tmp_path / "nowhere")})
+    with pytest.raises(MissingImagesError, match=r"2 of the 2 images .* not under .*nowhere"):
+        elsewhere.store.check([k for it in elsewhere.items for k in it.images], "the vlmevalkit_mcq en questions")

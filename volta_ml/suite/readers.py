@@ -22,7 +22,8 @@ of one language (`TaskData`); a file that is not in the schema is one `SuiteData
 - VLMEvalKit's multiple-choice TSV (MMMB: AIDC-AI/Parrot-dataset `mmmb/mmmb_<en|cn|pt|ar|tr|ru>.tsv`; any other,
   `vlmevalkit_mcq`): `index`, `question`, `A` `B` ... (an empty cell: no such option), `answer` (the letter),
   `image` (base64, a list literal of several, or the index of the row whose image it is), optional `hint`,
-  `category`, `l2-category`; cells read as pandas' `read_csv` (VLMEvalKit's loader) reads them.
+  `category`, `l2-category`; cells read as pandas' `read_csv` (VLMEvalKit's loader) reads them. Without an
+  `image` column, `image_path` names the image files (under --images, by default the TSV's folder).
 """
 from __future__ import annotations
 
@@ -410,28 +411,29 @@ def _tsv_columns(path: Path) -> dict[str, list]:
     return columns
 
 
-def _tsv_images(cell: str, where: str) -> list[str]:
-    """VLMEvalKit's `toliststr`: a cell "[...]" is a list literal of several images."""
+def _tsv_images(cell: str, where: str, column: str = "image") -> list[str]:
+    """VLMEvalKit's `toliststr`: a cell "[...]" is a list literal of several images (or image paths)."""
     if len(cell) > 1 and cell[0] == "[" and cell[-1] == "]":
         try:
             value = ast.literal_eval(cell)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
-            raise SuiteDataError(f"{where}: image starts with '[' but is not a list literal") from None
+            raise SuiteDataError(f"{where}: {column} starts with '[' but is not a list literal") from None
         if not isinstance(value, (list, tuple)) or not value:
-            raise SuiteDataError(f"{where}: image is not a non-empty list of base64 images")
+            raise SuiteDataError(f"{where}: {column} is not a non-empty list")
         return [str(v) for v in value]
     return [cell]
 
 
-def read_vlmevalkit_tsv(path: Path, lang: str) -> TaskData:
+def read_vlmevalkit_tsv(path: Path, lang: str, opts: dict) -> TaskData:
     """The questions of one VLMEvalKit multiple-choice TSV, as VLMEvalKit builds them: rows without an image left
     out (counted), an image cell of at most 64 characters replaced by the image of the row it names, options
-    the letter columns with a cell."""
+    the letter columns with a cell. A TSV without an `image` column names its images' files in `image_path`
+    (VLMEvalKit's meta-only TSVs: a path or a list literal of paths; relative ones under --images, by default the
+    TSV's folder)."""
     columns = _tsv_columns(path)
     missing = [c for c in ("index", "question", "answer") if c not in columns]
-    if "image" not in columns:
-        missing.append("image" + (" (image_path TSVs, images as files, are not read)" if "image_path" in columns
-                                  else ""))
+    if "image" not in columns and "image_path" not in columns:
+        missing.append("image (or image_path)")
     if missing:
         raise SuiteDataError(f"{path}: missing column(s) {missing}; found {list(columns)}")
     letters = [c for c in LETTERS if c in columns]
@@ -444,25 +446,31 @@ def read_vlmevalkit_tsv(path: Path, lang: str) -> TaskData:
         if index in seen:
             raise SuiteDataError(f"{path}: data row {r + 1}: index {index} repeated (data row {seen[index] + 1})")
         seen[index] = r
-        if columns["image"][r] is None:
+        if "image" in columns and columns["image"][r] is None:
             skipped["no image"] += 1
             continue
         kept.append(r)
-    cells = {columns["index"][r]: columns["image"][r] for r in kept}
+    embedded = "image" in columns
+    cells = {columns["index"][r]: columns["image" if embedded else "image_path"][r] for r in kept}
     items, images = [], {}
     for r in kept:
         index = columns["index"][r]
         where = f"{path}: data row {r + 1} (index {index})"
-        source, cell = index, cells[index]
-        if len(cell) <= INDEX_REFERENCE:
-            if cell not in cells or len(cells[cell]) <= INDEX_REFERENCE:
-                raise SuiteDataError(f"{where}: image {cell!r} is short, so the index of another row's image, but "
-                                     "no row of that index holds an image")
-            source, cell = cell, cells[cell]
-        keys = []
-        for k, encoded in enumerate(_tsv_images(cell, where)):
-            images[(source, k)] = encoded
-            keys.append((source, k))
+        if not embedded:
+            if cells[index] is None:
+                raise SuiteDataError(f"{where}: image_path is empty")
+            keys = _tsv_images(cells[index], where, "image_path")
+        else:
+            source, cell = index, cells[index]
+            if len(cell) <= INDEX_REFERENCE:
+                if cell not in cells or len(cells[cell]) <= INDEX_REFERENCE:
+                    raise SuiteDataError(f"{where}: image {cell!r} is short, so the index of another row's image, "
+                                         "but no row of that index holds an image")
+                source, cell = cell, cells[cell]
+            keys = []
+            for k, encoded in enumerate(_tsv_images(cell, where)):
+                images[(source, k)] = encoded
+                keys.append((source, k))
         options = [columns[c][r] for c in letters]
         count = next((i for i, o in enumerate(options) if o is None), len(options))
         if any(o is not None for o in options[count:]):
@@ -483,18 +491,20 @@ def read_vlmevalkit_tsv(path: Path, lang: str) -> TaskData:
                           answer=letters.index(answer), meta=meta))
     if not items:
         raise SuiteDataError(f"{path}: no questions with an image")
-    return TaskData(items, Base64Images(path, images), [path], dict(skipped))
+    store = Base64Images(path, images) if embedded else FileImages(_image_root(opts, path.parent, "TSV"), "{file}")
+    return TaskData(items, store, [path], dict(skipped))
 
 
 def read_mmmb(root: Path, lang: str, opts: dict) -> TaskData:
     name = f"mmmb_{MMMB_FILES[lang]}.tsv"
-    return read_vlmevalkit_tsv(_file(root, [name, f"mmmb/{name}"], f"MMMB file of language {lang!r} ({name})"), lang)
+    return read_vlmevalkit_tsv(_file(root, [name, f"mmmb/{name}"], f"MMMB file of language {lang!r} ({name})"), lang,
+                               opts)
 
 
 def read_vlmevalkit_mcq(root: Path, lang: str, opts: dict) -> TaskData:
     """--data is the TSV, or a folder with one TSV named `<lang>.tsv` or `<anything>_<lang>.tsv` (any case)."""
     if root.is_file():
-        return read_vlmevalkit_tsv(root, lang)
+        return read_vlmevalkit_tsv(root, lang, opts)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such file or folder")
     found = sorted(p for p in root.glob("*.tsv") if p.stem.lower() == lang.lower()
@@ -502,4 +512,4 @@ def read_vlmevalkit_mcq(root: Path, lang: str, opts: dict) -> TaskData:
     if len(found) != 1:
         raise FileNotFoundError(f"{root}: {len(found)} TSVs of language {lang!r} (<lang>.tsv or *_<lang>.tsv)"
                                 + (f": {', '.join(p.name for p in found)}" if found else "") + "; give --data FILE.tsv")
-    return read_vlmevalkit_tsv(found[0], lang)
+    return read_vlmevalkit_tsv(found[0], lang, opts)

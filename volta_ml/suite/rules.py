@@ -564,7 +564,7 @@ VLMEVALKIT_RULES = {
                         "unmatched or declined answers are wrong and counted as format errors (VLMEvalKit's "
                         "GPT judge fallback needs an API: not run)",
                         "open-compass/VLMEvalKit vlmeval/utils/matching_util.py can_infer, "
-                        "dataset/utils/multiple_choice.py (judge model exact_matching)"),
+                        "dataset/utils/multiple_choice.py (judge model exact_matching), read at commit e8e78f0"),
     "letter": LETTER_RULE,
 }
 CIDER_SOURCE = "XM3600 paper; mBLIP / Centurio caption_evaluation (spaCy segmentation, pycocoevalcap PTBTokenizer, Cider)"
