@@ -701,3 +701,19 @@ def test_vlmevalkit_tsv_of_image_files(suite, tmp_path):
     elsewhere = TASKS["vlmevalkit_mcq"].reader(path, "en", {"images": str(tmp_path / "nowhere")})
     with pytest.raises(MissingImagesError, match=r"2 of the 2 images .* not under .*nowhere"):
         elsewhere.store.check([k for it in elsewhere.items for k in it.images], "the vlmevalkit_mcq en questions")
+
+
+def test_vlmevalkit_tsv_image_that_does_not_decode_is_listed(suite, tmp_path):
+    """A base64 cell that is no image (or no base64 at all) is what cvqa score makes of an undecodable photo: the
+    question is scored without it and failed_images names the TSV, index and image."""
+    source = Path(suite["mmmb"]) / "mmmb" / "mmmb_en.tsv"
+    rows = source.read_text(encoding="utf-8").splitlines()
+    header = rows[0].split("\t")
+    fields = rows[2].split("\t")
+    fields[header.index("image")] = "QUJD" * 30                    # base64 of "ABC...": no image
+    rows[2] = "\t".join(fields)
+    path = tmp_path / "broken_en.tsv"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    result = run_suite({**options(suite, "vlmevalkit_mcq", "en", tmp_path / "out"), "data": str(path)},
+                       backend=backend_for("vlmevalkit_mcq"))
+    assert list(result["failed_images"]) == [f"{path} index 1 image 0"] and result["n_items"] == 4

@@ -95,7 +95,8 @@ class SuiteTable:
 
     def caption(self) -> str:
         have, total = len(self.targets), len([l for l in self.spec.languages if l != "en"])
-        part = "" if have == total or not self.spec.languages else f" (partial: {have} of the benchmark's {total} non-English languages)"
+        part = "" if have == total or not self.spec.languages else \
+            f" (partial: {have} of the benchmark's {total} non-English languages)"
         avg = "; avg: unweighted mean over all languages of the table" if "avg" in self.aggregates else ""
         what = {"score": self.spec.metric_name, "format_error_rate": "share of generated answers naming no option, %"}
         return (f"{self.spec.title}, {self.metric} ({what.get(self.metric, self.spec.metric_name)}); mul: unweighted "

@@ -1,14 +1,14 @@
 """Where a suite task's images come from: files under a folder, cells of the release's parquet shards, members
 of a zip archive, base64 cells of a TSV (VLMEvalKit's). Every store checks its keys before any scoring (`check`:
 one `MissingImagesError` line naming how many are missing and the first few; a parquet or TSV cell without an
-image is refused by the reader) and loads one as an RGB `PIL.Image` (`load`). A question with more images than the model takes gets them stacked into one canvas
-(`stack`).
+image is refused by the reader) and loads one as an RGB `PIL.Image` (`load`). A question with more images than
+the model takes gets them stacked into one canvas (`stack`).
 
 An image that is there but cannot be decoded (empty, truncated, corrupt) is handled as `cvqa score` and `iglue-hf`
 handle it (`volta_ml.hf.photos`): `load` returns None, `failed` maps the image's `name` (its path, `<shard> row
-<r> column <c>`, `<archive>:<member>`, `<tsv> index <i> image <k>`) to the reason, the question is scored without that image, and the run lists
-it in `suite_results.json` (`failed_images`; `failures` / `failed_in` keep them with each chunk's scores so that
-a resumed or sharded run lists them too)."""
+<r> column <c>`, `<archive>:<member>`, `<tsv> index <i> image <k>`) to the reason, the question is scored without
+that image, and the run lists it in `suite_results.json` (`failed_images`; `failures` / `failed_in` keep them
+with each chunk's scores so that a resumed or sharded run lists them too)."""
 from __future__ import annotations
 
 import io
