@@ -297,6 +297,8 @@ def test_vlmevalkit_matching_equals_the_plain_rule(reply, options, expected):
     item = Item(id="q", lang="en", question="?", options=tuple(options.values()), answer=0)
     judged = rules.vlmevalkit_generate(reply, item)
     assert judged.parsed == (expected not in (False, "Z")) and judged.score == float(expected == "A")
+    # VLMEvalKit's random last resort (after a judge) draws among the letters and Z; a decline never gets there
+    assert judged.chance == {False: 1 / (len(options) + 1), "Z": 0.0}.get(expected, judged.score)
 
 
 def test_vlmevalkit_prompt_snapshot():

@@ -449,12 +449,15 @@ def vlmevalkit_infer(answer: str, options) -> str | None:
 
 
 def vlmevalkit_generate(answer: str, item) -> Judged:
-    """A reply the matcher reads as no option, or as "Z" (declined), is wrong and a format error; VLMEvalKit
-    scores both as "Z" too (a miss), then, with a judge model configured, asks it first."""
+    """A reply the matcher reads as no option, or as "Z" (declined), is wrong and a format error, as VLMEvalKit's
+    exact matching scores both ("Z": a miss). `chance` is VLMEvalKit's last resort after a judge model failed on
+    an unread reply, a random choice among the option letters and "Z" (1 / (n + 1)); a declined reply never
+    reaches the judge (0)."""
     letter = vlmevalkit_infer(answer, item.options)
     index = LETTERS.index(letter) if letter and letter != DECLINED else None
     judged = _choice_judged(index, item, len(item.options))
-    return Judged(judged.score, judged.parsed, letter or "", judged.chance)
+    chance = judged.chance if index is not None else (0.0 if letter == DECLINED else 1.0 / (len(item.options) + 1))
+    return Judged(judged.score, judged.parsed, letter or "", chance)
 
 
 # --- XM3600 captions --------------------------------------------------------------------------------------------
