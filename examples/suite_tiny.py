@@ -5,7 +5,8 @@ downloaded: the report of docs/suite.md ("A sweep on tiny models") is what it pr
 Writes into SCRATCH (a folder outside the repository; generated data is never committed):
   data/     tiny releases of every suite benchmark in its released schema (tests/helpers_suite.py's writers:
             MaXM's maxm_v1_<lang>.json, XM3600's captions.jsonl with <key>.jpg images, MTVQA's and xMMMU's
-            parquet, M3Exam's multimodal-questions/, Kaleidoscope's parquet with its data.zip)
+            parquet, M3Exam's multimodal-questions/, Kaleidoscope's parquet with its data.zip, MMMB's
+            mmmb/mmmb_<lang>.tsv)
   models/   tiny random models (tests/helpers_hf.py, tests/helpers_vlm_families.py): LLaVA and Qwen2-VL
             (generative), CLIP (a dual encoder, for xm3600_retrieval)
   suite_tiny.yml  a grid of the same shape as examples/grids/suite.yml pointing at them, over the languages the
@@ -37,7 +38,8 @@ volta-ml compare runs/suite/qwen2-vl/xmmmu/letter runs/suite/llava/xmmmu/letter"
 # would ask for files these releases do not have)
 LANGUAGES = {"maxm": ["en", "zh"], "xm3600": ["en", "de", "ja", "th", "zh"], "xm100": ["en", "de", "ja", "th", "zh"],
              "xm3600_retrieval": ["en", "de", "ja", "th", "zh"], "mtvqa": ["de", "ja"], "xmmmu": ["en", "ja"],
-             "m3exam": ["th"], "kaleidoscope": ["en", "uk"], "kaleidoscope_multimodal": ["en", "uk"]}
+             "m3exam": ["th"], "kaleidoscope": ["en", "uk"], "kaleidoscope_multimodal": ["en", "uk"],
+             "mmmb": ["en", "zh"]}
 
 
 def build(scratch: Path, java: bool = True) -> Path:
@@ -63,7 +65,8 @@ def write_grid(scratch: Path, files: dict, paths: dict, java: bool = True) -> Pa
 
     def generative(name: str) -> dict:
         """Both exam rules (the letter rule; generation, with its format-error rate); without Java, cider-pyptb."""
-        rules = {task: ["generate", "letter"] for task in ("xmmmu", "m3exam", "kaleidoscope")}
+        rules = {**{task: ["generate", "letter"] for task in ("xmmmu", "m3exam", "kaleidoscope")},
+                 "mmmb": ["vlmevalkit", "letter"]}
         return {"backend": "mllm", "model": str(paths[name]),
                 "rules": rules if java else {**rules, "xm3600": ["cider-pyptb"], "xm100": ["cider-pyptb"]}}
 
@@ -77,7 +80,8 @@ def write_grid(scratch: Path, files: dict, paths: dict, java: bool = True) -> Pa
             "data": {"maxm": str(files["maxm"]), "xm3600": str(xm["captions"]), "xm100": str(xm["captions"]),
                      "xm3600_retrieval": str(xm["captions"]), "mtvqa": str(files["mtvqa"]),
                      "xmmmu": str(files["xmmmu"]), "m3exam": str(files["m3exam"]),
-                     "kaleidoscope": str(files["kaleidoscope"]), "kaleidoscope_multimodal": str(files["kaleidoscope"])},
+                     "kaleidoscope": str(files["kaleidoscope"]), "kaleidoscope_multimodal": str(files["kaleidoscope"]),
+                     "mmmb": str(files["mmmb"])},
             "images": {t: str(xm["images"]) for t in ("maxm", "xm3600", "xm100", "xm3600_retrieval")},
             "languages": LANGUAGES,
             "task_flags": {"xm100": ["--subset", str(xm["subset"])]},

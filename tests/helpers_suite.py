@@ -198,10 +198,47 @@ def write_kaleidoscope(root: Path) -> Path:
     return folder
 
 
+# --- MMMB (VLMEvalKit's multiple-choice TSV) ------------------------------------------------------------------
+def b64(seed_text: str) -> str:
+    import base64
+    return base64.b64encode(png(seed_text)).decode("ascii")
+
+
+MMMB = {
+    # index, question, options A-D ("" = no such option; "None" is a missing cell to pandas), answer, hint, image
+    "en": [(0, "What color is the car?", ["red", "blue", "green", "black"], "A", "", "own"),
+           (1, "How many dogs are there?", ["1", "2", "3", ""], "B", "Count the animals.", "own"),
+           (2, "Is the sky clear?", ["yes", "no", "cannot tell", "None"], "A", "", "0"),     # another row's image
+           (3, "Which picture shows a cat?", ["the first", "the second"], "B", "", "two"),   # several images
+           (4, "A question whose image is missing", ["a", "b"], "A", "", "none")],           # left out
+    "cn": [(10, "汽车是什么颜色？", ["红色", "蓝色", "绿色", "黑色"], "A", "", "own"),
+           (11, "有几只狗？", ["一只", "两只", "三只", ""], "B", "数一数动物。", "10")],
+}
+
+
+def write_mmmb(root: Path) -> Path:
+    """mmmb/mmmb_<en|cn>.tsv as AIDC-AI/Parrot-dataset releases them (VLMEvalKit's TSV: base64 images, an image
+    given as another row's index, a list literal of two images, a row without an image)."""
+    import csv
+
+    folder = root / "Parrot-dataset" / "mmmb"
+    folder.mkdir(parents=True, exist_ok=True)
+    for code, rows in MMMB.items():
+        with open(folder / f"mmmb_{code}.tsv", "w", encoding="utf-8", newline="") as handle:
+            out = csv.writer(handle, delimiter="\t", lineterminator="\n")
+            out.writerow(["index", "question", "hint", "A", "B", "C", "D", "answer", "category", "l2-category",
+                          "image"])
+            for index, question, options, answer, hint, image in rows:
+                cell = {"own": b64(f"mmmb{index}"), "two": repr([b64(f"mmmb{index}a"), b64(f"mmmb{index}b")]),
+                        "none": ""}.get(image, image)
+                out.writerow([index, question, hint, *(options + [""] * (4 - len(options))), answer, "attribute_recognition", "perception", cell])
+    return folder.parent
+
+
 def build_suite(root: Path) -> dict:
     xm = write_xm3600(root / "xm3600")
     return {"xm3600": xm, "maxm": write_maxm(root), "mtvqa": write_mtvqa(root), "xmmmu": write_xmmmu(root),
-            "m3exam": write_m3exam(root), "kaleidoscope": write_kaleidoscope(root)}
+            "m3exam": write_m3exam(root), "kaleidoscope": write_kaleidoscope(root), "mmmb": write_mmmb(root)}
 
 
 # --- stand-in backends ----------------------------------------------------------------------------------------

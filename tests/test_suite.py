@@ -25,6 +25,8 @@ from volta_ml.suite.table import TASKS
 MAXM_ANSWERS = ("Red.", "Two", "The dogs", "红色", "米饭")
 MTVQA_ANSWERS = ("株式会社ABCです", "さくら")
 M3EXAM_ANSWERS = ("B", "(C) สาม", "A. หนึ่ง", "I do not know", "E")
+MMMB_ANSWERS = ("The answer is B.", "A", "red", "I think C or D", "Sorry, I can't help with images of people yet.",
+                "两只")
 CAPTIONS = ("A red car in front of a house.", "红色的汽车", "รถยนต์สีแดง", "two dogs playing on the grass", "两只狗在玩")
 
 
@@ -41,7 +43,8 @@ def data_of(suite, task: str) -> tuple[str, dict]:
             "xm3600_retrieval": (str(xm["captions"]), {}), "mtvqa": (str(suite["mtvqa"]), {}),
             "xmmmu": (str(suite["xmmmu"]), {}), "m3exam": (str(suite["m3exam"]), {}),
             "kaleidoscope": (str(suite["kaleidoscope"]), {}),
-            "kaleidoscope_multimodal": (str(suite["kaleidoscope"]), {})}[task]
+            "kaleidoscope_multimodal": (str(suite["kaleidoscope"]), {}), "mmmb": (str(suite["mmmb"]), {}),
+            "vlmevalkit_mcq": (str(Path(suite["mmmb"]) / "mmmb" / "mmmb_cn.tsv"), {})}[task]
 
 
 def options(suite, task, lang, out, **extra):
@@ -55,7 +58,7 @@ def backend_for(task):
     if task == "xm3600_retrieval":
         return FakeDual()
     answers = {"xm3600": CAPTIONS, "xm100": CAPTIONS, "maxm": MAXM_ANSWERS, "mtvqa": MTVQA_ANSWERS,
-               "m3exam": M3EXAM_ANSWERS}
+               "m3exam": M3EXAM_ANSWERS, "mmmb": MMMB_ANSWERS, "vlmevalkit_mcq": MMMB_ANSWERS}
     return FakeExamGenerative(answers=answers.get(task, EXAM_ANSWERS))
 
 
@@ -109,7 +112,8 @@ CASES = [("maxm", "en", "exact"), ("maxm", "zh", "relaxed"), pytest.param("xm360
          pytest.param("xm100", "en", "cider", marks=needs_java), ("mtvqa", "ja", "mtvqa"),
          ("xmmmu", "ja", "generate"), ("xmmmu", "ja", "letter"), ("m3exam", "th", "generate"),
          ("m3exam", "th", "letter"), ("kaleidoscope", "uk", "generate"), ("kaleidoscope", "uk", "letter"),
-         ("kaleidoscope_multimodal", "uk", "reference")]
+         ("kaleidoscope_multimodal", "uk", "reference"), ("mmmb", "en", "vlmevalkit"), ("mmmb", "zh", "letter"),
+         ("vlmevalkit_mcq", "cn", "vlmevalkit")]
 
 
 @pytest.mark.parametrize("task,lang,rule", CASES)
@@ -249,6 +253,17 @@ def _cli(argv: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err.strip()
 
 
+def _one_line_errors(cases, capsys) -> None:
+    """Each (argv, pattern): exit 2 and one stderr line `volta-ml suite: error: ...` matching the pattern."""
+    import re
+    for args, pattern in cases:
+        code, err = _cli(args, capsys)
+        assert code == 2, (args, err)
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("volta-ml suite: error: "), err
+        assert re.search(pattern, lines[0]), (pattern, lines[0])
+
+
 def _break(path: Path, fn) -> None:
     path.write_text(fn(path.read_text(encoding="utf-8")), encoding="utf-8")
 
@@ -296,13 +311,7 @@ def test_bad_inputs_are_one_line_exit_2(suite, tmp_path, capsys):
         (argv("m3exam", "th", rule="nope"), r"--rule 'nope' does not apply to m3exam; known: generate, letter, pangea"),
         (argv("xm3600", "en", images=tmp_path / "nowhere"), r"4 of the 4 images the xm3600 en questions show are not under .*nowhere"),
     ]
-    import re
-    for args, pattern in cases:
-        code, err = _cli(args, capsys)
-        assert code == 2, (args, err)
-        lines = err.splitlines()
-        assert len(lines) == 1 and lines[0].startswith("volta-ml suite: error: "), err
-        assert re.search(pattern, lines[0]), (pattern, lines[0])
+    _one_line_errors(cases, capsys)
 
 
 def test_images_that_do_not_decode_are_scored_without_and_listed(suite, tmp_path, capsys, monkeypatch):
@@ -472,8 +481,8 @@ def test_the_example_grid_plans_every_task():
 
 
 def test_suite_tiny_example_plans_the_documented_sweep(suite, tmp_path):
-    """examples/suite_tiny.py (docs/suite.md, "A sweep on tiny models"): its grid over the tiny releases plans the 57
-    cells the page shows, with the grid's baseline; without Java the caption cells take cider-pyptb; the page shows
+    """examples/suite_tiny.py (docs/suite.md, "A sweep on tiny models"): its grid over the tiny releases plans the 65
+    cells the page says (57 shown in its run, MMMB's 8 run on their own), with the grid's baseline; without Java the caption cells take cider-pyptb; the page shows
     the commands the script prints."""
     import importlib.util
 
@@ -486,11 +495,13 @@ def test_suite_tiny_example_plans_the_documented_sweep(suite, tmp_path):
     models = {name: tmp_path / name for name in ("llava", "qwen2-vl", "clip")}
     grid = load_grid(script.write_grid(tmp_path, suite, models))
     cells = {c.id for c in plan_cells(grid)}
-    assert len(cells) == 57 and grid.baseline == "llava" and "suite/llava/xmmmu/letter/ja" in cells
+    assert len(cells) == 65 and grid.baseline == "llava" and "suite/llava/xmmmu/letter/ja" in cells
+    assert {c for c in cells if "/mmmb/" in c} == {f"suite/{m}/mmmb/{r}/{l}" for m in ("llava", "qwen2-vl")
+                                                  for r in ("vlmevalkit", "letter") for l in ("en", "zh")}
     no_java = {c.id for c in plan_cells(load_grid(script.write_grid(tmp_path, suite, models, java=False)))}
-    assert "suite/qwen2-vl/xm3600/cider-pyptb/th" in no_java and len(no_java) == 57
+    assert "suite/qwen2-vl/xm3600/cider-pyptb/th" in no_java and len(no_java) == 65
     text = (REPO / "docs" / "suite.md").read_text(encoding="utf-8")
-    assert "57 ran" in text and [line for line in script.COMMANDS.splitlines() if line not in text] == []
+    assert "57 ran" in text and "The grid plans 65 cells" in text and [line for line in script.COMMANDS.splitlines() if line not in text] == []
 
 
 def csv_rows(path: Path) -> list[dict]:
@@ -553,3 +564,156 @@ def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
                                               "XM3600_retrieval_tr_r1", "suite_summary")
                  for r in (report / f"{name}.csv").read_text().splitlines() if "(published)" in r}
     assert bare_cells(report, exempt_columns=("p",), exempt_rows=published) == []
+
+
+def test_vlmevalkit_tsv_read_as_vlmevalkit_reads_it(suite):
+    """MMMB's TSV: a row without an image left out and counted, an image given as another row's index is that
+    row's image, a list literal is several images, pandas' missing words ("None") are no option, the hint kept."""
+    data = TASKS["mmmb"].reader(resolve(str(suite["mmmb"])), "en", {})
+    assert [it.id for it in data.items] == ["0", "1", "2", "3"] and data.skipped == {"no image": 1}
+    by_id = {it.id: it for it in data.items}
+    assert by_id["2"].images == by_id["0"].images == (("0", 0),)              # index "0" as the image cell
+    assert by_id["3"].images == (("3", 0), ("3", 1))
+    assert by_id["2"].options == ("yes", "no", "cannot tell") and by_id["1"].options == ("1", "2", "3")
+    assert by_id["1"].meta["hint"] == "Count the animals." and by_id["0"].meta["hint"] is None
+    assert [data.store.load(k).size for k in by_id["3"].images] == [(12, 12), (11, 10)]
+    generic = TASKS["vlmevalkit_mcq"].reader(resolve(str(suite["mmmb"]) + "/mmmb"), "cn", {})
+    zh = TASKS["mmmb"].reader(resolve(str(suite["mmmb"])), "zh", {})
+    assert [(it.id, it.options, it.answer, it.images) for it in generic.items] == \
+        [(it.id, it.options, it.answer, it.images) for it in zh.items]
+
+
+def test_vlmevalkit_tsv_bad_inputs_are_one_line_exit_2(suite, tmp_path, capsys):
+    source = Path(suite["mmmb"]) / "mmmb" / "mmmb_en.tsv"
+    lines = source.read_text(encoding="utf-8").splitlines()
+
+    def variant(name: str, fn) -> str:
+        path = tmp_path / name
+        path.write_text("\n".join(fn(list(lines))) + "\n", encoding="utf-8")
+        return str(path)
+
+    def cell(row: int, column: str, value: str):
+        def fn(rows):
+            header = rows[0].split("\t")
+            fields = rows[row].split("\t")
+            fields[header.index(column)] = value
+            rows[row] = "\t".join(fields)
+            return rows
+        return fn
+
+    def argv(task, lang, data):
+        return ["--task", task, "--lang", lang, "--data", data, "--backend", "mllm", "--model", "/m/none",
+                "--output_dir", str(tmp_path / "out")]
+
+    no_answer = variant("no_answer.tsv", lambda rows: ["\t".join(f for f in r.split("\t")[:7] + r.split("\t")[8:])
+                                                       for r in rows])
+    cases = [
+        (argv("vlmevalkit_mcq", "en", no_answer), r"no_answer.tsv: missing column\(s\) \['answer'\]"),
+        (argv("vlmevalkit_mcq", "en", variant("bad_answer.tsv", cell(2, "answer", "D"))),
+         r"bad_answer.tsv: data row 2 \(index 1\): answer 'D' is not one of the option letters ABC"),
+        (argv("vlmevalkit_mcq", "en", variant("gap.tsv", cell(1, "B", ""))),
+         r"gap.tsv: data row 1 \(index 0\): option B is empty but a later one is not"),
+        (argv("vlmevalkit_mcq", "en", variant("ref.tsv", cell(3, "image", "42"))),
+         r"ref.tsv: data row 3 \(index 2\): image '42' is short, so the index of another row's image"),
+        (argv("vlmevalkit_mcq", "en", variant("twice.tsv", cell(2, "index", "0"))),
+         r"twice.tsv: data row 2: index 0 repeated \(data row 1\)"),
+        (argv("vlmevalkit_mcq", "en", variant("list.tsv", cell(4, "image", "[" + "not base64 " * 8 + "]"))),
+         r"list.tsv: data row 4 \(index 3\): image starts with '\[' but is not a list literal"),
+        (argv("vlmevalkit_mcq", "e n", str(source)), r"VLMEvalKit_MCQ: language 'e n' is not a code"),
+        (argv("vlmevalkit_mcq", "ko", str(source.parent)), r"mmmb: 0 TSVs of language 'ko' \(<lang>.tsv or "
+                                                            r"\*_<lang>.tsv\); give --data FILE.tsv"),
+        (argv("mmmb", "cn", str(suite["mmmb"])), r"MMMB has no language 'cn'; its languages: en, zh, pt, ar, tr, ru"),
+        (argv("mmmb", "pt", str(suite["mmmb"])), r"MMMB file of language 'pt' \(mmmb_pt.tsv\) not found"),
+    ]
+    _one_line_errors(cases, capsys)
+
+
+def test_a_format_without_languages_takes_the_grids_codes(tmp_path):
+    """vlmevalkit_mcq has no languages of its own: the grid must name them, its cells take them, the report's
+    table has the languages found (English first) and no "partial" caption."""
+    import yaml
+
+    from volta_ml.protocols.grid import GridError, load_grid
+    from volta_ml.protocols.runners import plan_cells
+    from volta_ml.protocols.suite_report import SuiteTable
+
+    def grid(**section):
+        path = tmp_path / "g.yml"
+        path.write_text(yaml.safe_dump({"name": "g", "output_dir": str(tmp_path / "runs"), "suite": {
+            "tasks": ["vlmevalkit_mcq"], "data": {"vlmevalkit_mcq": str(tmp_path)},
+            "models": {"m": {"backend": "mllm", "model": "/m"}}, **section}}))
+        return path
+
+    with pytest.raises(GridError, match=r"suite.languages: give the languages of \['vlmevalkit_mcq'\]"):
+        load_grid(grid())
+    with pytest.raises(GridError, match=r"language 'k o' is not a code"):
+        load_grid(grid(languages={"vlmevalkit_mcq": ["en", "k o"]}))
+    cells = plan_cells(load_grid(grid(languages={"vlmevalkit_mcq": ["ko", "en"]})))
+    assert sorted(c.id for c in cells) == ["suite/m/vlmevalkit_mcq/en", "suite/m/vlmevalkit_mcq/ko"]
+    table = SuiteTable("vlmevalkit_mcq", "score", {"m": {"ko": 50.0, "en": 40.0, "ar": 30.0}})
+    assert table.header() == ["model", "en", "ar", "ko", "mul"] and table.rows() == [["m", 40.0, 30.0, 50.0, 40.0]]
+    assert "partial" not in table.caption()
+
+
+def test_vlmevalkit_tsv_cells_as_pandas_reads_them(tmp_path):
+    """What VLMEvalKit's pd.read_csv(sep="\\t") makes of the cells, written out by hand: its missing-value words are
+    no option, a column of integers prints as integers, one with an empty cell or a decimal as floats; a quoted
+    cell may hold a tab or a line break, and U+2028 / U+0085 inside a question end no line."""
+    from volta_ml.suite.readers import read_vlmevalkit_tsv
+
+    image = __import__("helpers_suite").b64("cells")
+    rows = [["index", "question", "A", "B", "C", "D", "answer", "image"],
+            ["7", "How many?\u2028Count\x85them", "1", "2", "3", "NA", "C", image],
+            ["8", '"Two\tlines\nhere"', "4", "1.5", "", "", "B", "7"],
+            ["9", "Which one?", "5", "6", "None", "x", "A", "7"]]
+    path = tmp_path / "cells.tsv"
+    path.write_text("\n".join("\t".join(r) for r in rows) + "\n", encoding="utf-8")
+    with pytest.raises(Exception, match=r"data row 3 \(index 9\): option C is empty but a later one is not"):
+        read_vlmevalkit_tsv(path, "en", {})
+    path.write_text("\n".join("\t".join(r) for r in rows[:3]) + "\n", encoding="utf-8")
+    items = read_vlmevalkit_tsv(path, "en", {}).items
+    assert [(it.id, it.question, it.options, it.answer) for it in items] == [
+        ("7", "How many?\u2028Count\x85them", ("1", "2.0", "3.0"), 2),     # B holds 1.5 below: floats
+        ("8", "Two\tlines\nhere", ("4", "1.5"), 1)]
+    assert items[1].images == items[0].images == (("7", 0),)
+
+
+def test_vlmevalkit_tsv_of_image_files(suite, tmp_path):
+    """A meta-only TSV (no image column): image_path names the files, one or a list, relative to --images (by
+    default the TSV's folder); a missing file is one line before any scoring."""
+    import csv
+
+    from helpers_suite import picture
+    from volta_ml.iglue_hf.images import MissingImagesError
+
+    (tmp_path / "imgs").mkdir()
+    for name in ("a.png", "b.png"):
+        picture(name).save(tmp_path / "imgs" / name)
+    path = tmp_path / "meta_en.tsv"
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        out = csv.writer(handle, delimiter="\t", lineterminator="\n")
+        out.writerow(["index", "question", "A", "B", "answer", "image_path"])
+        out.writerow([1, "Which?", "x", "y", "A", "imgs/a.png"])
+        out.writerow([2, "Both?", "x", "y", "B", repr(["imgs/a.png", "imgs/b.png"])])
+    data = TASKS["vlmevalkit_mcq"].reader(path, "en", {})
+    assert [it.images for it in data.items] == [("imgs/a.png",), ("imgs/a.png", "imgs/b.png")]
+    assert data.store.load("imgs/b.png").size == picture("b.png").size
+    elsewhere = TASKS["vlmevalkit_mcq"].reader(path, "en", {"images": str(tmp_path / "nowhere")})
+    with pytest.raises(MissingImagesError, match=r"2 of the 2 images .* not under .*nowhere"):
+        elsewhere.store.check([k for it in elsewhere.items for k in it.images], "the vlmevalkit_mcq en questions")
+
+
+def test_vlmevalkit_tsv_image_that_does_not_decode_is_listed(suite, tmp_path):
+    """A base64 cell that is no image (or no base64 at all) is what cvqa score makes of an undecodable photo: the
+    question is scored without it and failed_images names the TSV, index and image."""
+    source = Path(suite["mmmb"]) / "mmmb" / "mmmb_en.tsv"
+    rows = source.read_text(encoding="utf-8").splitlines()
+    header = rows[0].split("\t")
+    fields = rows[2].split("\t")
+    fields[header.index("image")] = "QUJD" * 30                    # base64 of "ABC...": no image
+    rows[2] = "\t".join(fields)
+    path = tmp_path / "broken_en.tsv"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    result = run_suite({**options(suite, "vlmevalkit_mcq", "en", tmp_path / "out"), "data": str(path)},
+                       backend=backend_for("vlmevalkit_mcq"))
+    assert list(result["failed_images"]) == [f"{path} index 1 image 0"] and result["n_items"] == 4

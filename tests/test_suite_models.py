@@ -44,6 +44,8 @@ def loaded(world):
     pytest.param("llava", "xm3600", "zh", "cider", False, marks=needs_java),   # greedy captions, CIDEr on characters
     ("llava", "kaleidoscope", "uk", "generate", False),  # a text-only question among photos, image options stacked
     ("blip2-t5", "maxm", "en", "exact", False),          # no chat template: the fallback prompt; BLIP-2's VQA frame
+    ("llava", "mmmb", "en", "vlmevalkit", False),        # base64 images from a TSV, two of them stacked
+    ("llava", "mmmb", "zh", "letter", False),            # the letter rule after VLMEvalKit's prompt
 ])
 def test_generative_scores_equal_one_item_at_a_time(world, loaded, tmp_path, name, task, lang, rule, from_folder):
     path, backend = loaded[name]

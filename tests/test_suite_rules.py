@@ -3,6 +3,7 @@ normalisations and parsers (the cases where the harnesses disagree side by side)
 pycocoevalcap scorer called directly on hand-tokenised text."""
 from __future__ import annotations
 
+import re
 from contextlib import nullcontext
 
 import numpy as np
@@ -217,3 +218,100 @@ def test_cider_without_segmentation_sees_one_word_per_chinese_sentence():
     whole = rules.CIDER_RULES["cider-nosegment"].judge(arrays, items, {})
     assert segmented[0].score > 0 and whole[0].score == 0 and whole[1].score > 0
     assert [j.prediction for j in whole] == ["红色的汽车", "两只狗"]
+
+
+# --- VLMEvalKit's exact matching (MMMB, vlmevalkit_mcq) -------------------------------------------------------
+def plain_can_infer(reply: str, options: dict) -> str | bool:
+    """VLMEvalKit's can_infer spelled out step by step (option letter, then option text), one reply at a time."""
+    if "Failed to obtain answer via API" in reply:
+        option = False
+    elif any(p in reply for p in ["Sorry, I can't help with images of people yet.", "I can't process this file.",
+                                  "I'm sorry, but without the image provided", "Cannot determine the answer"]):
+        option = "Z"
+    else:
+        spaced = reply
+        for ch in ".()[],:;!*#{}":
+            spaced = spaced.replace(ch, " ")
+        words = spaced.split()
+        option = False
+        found = [letter for letter in options if letter in words]
+        if len(found) == 1 and words.index(found[0]) >= len(words) - 4:
+            option = found[0]
+        elif len(found) == 0 and "Z" in words:
+            option = "Z"
+        if not option:
+            m = re.search(r"answer\s+is\s+\**([ABCDabcd])\**", reply, flags=re.IGNORECASE)
+            if m and m.group(1).upper() in options:
+                option = m.group(1).upper()
+    if option:
+        return option
+    lowered = reply.lower()
+    total = 0
+    for text in options.values():
+        total += len(text)
+    if len(lowered) > 2 * total:
+        return False
+    hits = []
+    for letter, text in options.items():
+        if text.lower() in lowered:
+            hits.append(letter)
+    return hits[0] if len(hits) == 1 else False
+
+
+FOUR = {"A": "a red car", "B": "two dogs", "C": "a plate of rice", "D": "a bicycle"}
+VLMEVALKIT_REPLIES = [
+    ("B", FOUR, "B"),
+    ("(C)", FOUR, "C"),
+    ("The answer is B.", FOUR, "B"),                                # one letter among the last four tokens
+    ("I think A or B", FOUR, False),                                # two letters, no "answer is": nothing
+    ("B is right, not C", FOUR, False),                             # two letters
+    ("Option B is what the image shows in my view", FOUR, False),   # one letter, but not among the last four tokens
+    ("Option B is what the image shows. The answer is B", FOUR, "B"),   # ... "answer is" rescues it
+    ("After long thought the correct answer is **c** here", FOUR, "C"),  # "answer is", any case, bold
+    ("answer is E", FOUR, False),                                   # "answer is" only reads A-D
+    ("two dogs", FOUR, "B"),                                        # option text in a short reply
+    ("I see two dogs playing near a bicycle", FOUR, False),         # two options' texts
+    ("It shows " + "very " * 40 + "two dogs", FOUR, False),         # a long reply: text not read
+    ("Sorry, I can't help with images of people yet.", FOUR, "Z"),  # declined
+    ("Z", FOUR, "Z"),
+    ("Failed to obtain answer via API. two dogs", FOUR, "B"),       # the API marker skips the letter step only
+    ("a", FOUR, False),                                             # lower case is no letter; "a" in two options
+    ("A", {"A": "yes", "B": "no"}, "A"),
+    ("C", {"A": "yes", "B": "no"}, False),                          # C is no option of this question
+    ("KÖPEK İKİ", {"A": "köpek i̇ki̇", "B": "kedi"}, "A"),            # Turkish İ lower-cases to i + a dot
+    ("İİİ", {"A": "i̇", "B": "x"}, "A"),
+    ("İİİİ", {"A": "i̇", "B": "x"}, False),                          # 4 characters, 8 lower-cased: too long
+    ("两只", {"A": "一只", "B": "两只", "C": "三只"}, "B"),
+    ("答案是 B", {"A": "一只", "B": "两只", "C": "三只"}, "B"),
+    ("A. a red car", FOUR, "A"),
+]
+
+
+@pytest.mark.parametrize("reply,options,expected", VLMEVALKIT_REPLIES)
+def test_vlmevalkit_matching_equals_the_plain_rule(reply, options, expected):
+    from volta_ml.suite.rules import vlmevalkit_infer
+
+    assert plain_can_infer(reply, options) == expected
+    got = vlmevalkit_infer(reply, tuple(options.values()))
+    assert (got or False) == expected
+    item = Item(id="q", lang="en", question="?", options=tuple(options.values()), answer=0)
+    judged = rules.vlmevalkit_generate(reply, item)
+    assert judged.parsed == (expected not in (False, "Z")) and judged.score == float(expected == "A")
+    # VLMEvalKit's random last resort (after a judge) draws among the letters and Z; a decline never gets there
+    assert judged.chance == {False: 1 / (len(options) + 1), "Z": 0.0}.get(expected, judged.score)
+
+
+def test_vlmevalkit_prompt_snapshot():
+    """ImageMCQDataset.build_prompt: hint line only when the row has one, options lettered, the closing line with
+    its trailing space; the letter rule sees the same text."""
+    from volta_ml.suite.prompts import vlmevalkit_mcq
+
+    item = Item(id="1", lang="tr", question="Kaç köpek var?", options=("1", "2", "3"), answer=1,
+                meta={"hint": "Hayvanları say."})
+    expected = ("Hint: Hayvanları say.\nQuestion: Kaç köpek var?\nOptions:\nA. 1\nB. 2\nC. 3\n"
+                "Please select the correct answer from the options above. \n")
+    assert vlmevalkit_mcq(item, "generate") == expected == vlmevalkit_mcq(item, "letter")
+    bare = Item(id="2", lang="en", question="What is shown?", options=("a cat", "a dog"), answer=0,
+                meta={"hint": None})
+    assert vlmevalkit_mcq(bare, "generate") == ("Question: What is shown?\nOptions:\nA. a cat\nB. a dog\n"
+                                                "Please select the correct answer from the options above. \n")

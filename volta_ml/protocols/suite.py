@@ -32,6 +32,7 @@ Cell ids: `suite/<model>/<task>/<lang>`, and `suite/<model>/<task>/<rule>/<lang>
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,7 +51,7 @@ class SuiteSpec:
     key: str
     title: str                      # table / file prefix
     kind: str                       # "generative" | "dual encoder" (protocols/hf_kinds.py)
-    languages: tuple[str, ...]      # English first where the benchmark has it
+    languages: tuple[str, ...]      # English first where the benchmark has it; () any code (a generic format)
     metrics: tuple[str, ...] = ("score",)   # result metric keys tabulated (one table each)
     aggregate: str = "mul"          # mul | all (see the module docstring)
     metric_name: str = "accuracy"
@@ -68,7 +69,21 @@ SUITE = {spec.key: spec for spec in (
     SuiteSpec("kaleidoscope", "Kaleidoscope", "generative", KALEIDOSCOPE_LANGUAGES, aggregate="all"),
     SuiteSpec("kaleidoscope_multimodal", "Kaleidoscope_multimodal", "generative", KALEIDOSCOPE_LANGUAGES,
               aggregate="all"),
+    SuiteSpec("mmmb", "MMMB", "generative", ("en", "zh", "pt", "ar", "tr", "ru")),
+    SuiteSpec("vlmevalkit_mcq", "VLMEvalKit_MCQ", "generative", ()),
 )}
+LANGUAGE_CODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,15}")
+
+
+def language_problem(task: str, lang: str) -> str | None:
+    """Why `lang` is no language of `task` (None when it is one): a benchmark's own codes; a format without
+    languages of its own (`languages` empty: vlmevalkit_mcq) takes any code, a label of the user's files."""
+    spec = SUITE[task]
+    if spec.languages:
+        return None if lang in spec.languages else (f"{spec.title} has no language {lang!r}; its languages: "
+                                                    f"{', '.join(spec.languages)}")
+    return None if LANGUAGE_CODE.fullmatch(lang) else (f"{spec.title}: language {lang!r} is not a code (letters, "
+                                                       "digits, - and _, at most 16)")
 
 MTVQA_README = "github.com/bytedance/MTVQA README leaderboard (test set)"
 KALEIDOSCOPE_APPENDIX = ("Kaleidoscope paper (arXiv 2504.07072) appendix table complete_lang_acc, multimodal split, "
@@ -221,11 +236,14 @@ def load_section(raw, base: Path, where: str, str_list, error) -> SuiteSection:
     languages = {}
     for task, langs in _task_mapping(raw.get("languages"), f"{where}.languages", error).items():
         langs = str_list(langs, f"{where}.languages.{task}")
-        bad = [l for l in langs if l not in SUITE[task].languages]
+        bad = [problem for problem in (language_problem(task, l) for l in langs) if problem]
         if bad:
-            raise error(f"{where}.languages.{task}: {bad} not in {SUITE[task].title} "
-                        f"({', '.join(SUITE[task].languages)})")
+            raise error(f"{where}.languages.{task}: {bad[0]}")
         languages[task] = langs
+    unnamed = [t for t in tasks if not SUITE[t].languages and t not in languages]
+    if unnamed:
+        raise error(f"{where}.languages: give the languages of {unnamed} (a format without languages of its own: "
+                    "the codes its --data files are named by)")
     task_flags = {t: str_list(v, f"{where}.task_flags.{t}")
                   for t, v in _task_mapping(raw.get("task_flags"), f"{where}.task_flags", error).items()}
     if not isinstance(raw["models"], dict):

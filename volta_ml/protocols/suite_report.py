@@ -51,7 +51,8 @@ class SuiteTable:
         self.task, self.metric, self.spec = task, metric, spec
         self.sources = sources or {}          # row -> language -> the records behind the value (not published rows)
         langs = {l for row in values.values() for l in row}
-        self.columns = [l for l in spec.languages if l in langs]
+        self.columns = [l for l in spec.languages if l in langs] if spec.languages else \
+            sorted(langs, key=lambda l: (l != "en", l))          # a format without languages of its own
         self.targets = [l for l in self.columns if l != "en"]
         self.values = dict(values)
         self.aggregates = ["mul"] + (["avg"] if spec.aggregate == "all" else [])
@@ -94,7 +95,8 @@ class SuiteTable:
 
     def caption(self) -> str:
         have, total = len(self.targets), len([l for l in self.spec.languages if l != "en"])
-        part = "" if have == total else f" (partial: {have} of the benchmark's {total} non-English languages)"
+        part = "" if have == total or not self.spec.languages else \
+            f" (partial: {have} of the benchmark's {total} non-English languages)"
         avg = "; avg: unweighted mean over all languages of the table" if "avg" in self.aggregates else ""
         what = {"score": self.spec.metric_name, "format_error_rate": "share of generated answers naming no option, %"}
         return (f"{self.spec.title}, {self.metric} ({what.get(self.metric, self.spec.metric_name)}); mul: unweighted "

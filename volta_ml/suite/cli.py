@@ -1,5 +1,6 @@
 """`volta-ml suite`: one task of the multilingual suite (MaXM, XM3600 / XM100 captioning and retrieval, MTVQA,
-xMMMU, M3Exam, Kaleidoscope), one language, one Hugging Face backend (docs/suite.md)."""
+xMMMU, M3Exam, Kaleidoscope, MMMB, any VLMEvalKit multiple-choice TSV), one language, one Hugging Face backend
+(docs/suite.md)."""
 from __future__ import annotations
 
 import argparse
@@ -19,10 +20,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     from volta_ml.protocols.suite import SUITE
 
     parser.add_argument("--task", required=True, choices=sorted(SUITE))
-    parser.add_argument("--lang", required=True, help="a language code of the benchmark (docs/suite.md)")
+    parser.add_argument("--lang", required=True, help="a language code of the benchmark (docs/suite.md; "
+                                                      "vlmevalkit_mcq: any code, the label of the --data TSV)")
     parser.add_argument("--data", required=True,
                         help="the released file or folder, or a hub dataset id in the local Hugging Face cache "
-                             "(nothing is downloaded)")
+                             "(nothing is downloaded); vlmevalkit_mcq: the TSV, or a folder of <name>_<lang>.tsv")
     parser.add_argument("--data_revision", default=None, help="the cached snapshot of a hub dataset id")
     parser.add_argument("--split", default=None, help="parquet releases: the split (MTVQA: test, xMMMU: the "
                                                       "language, Kaleidoscope: train)")
@@ -60,7 +62,7 @@ def run_command(args) -> int:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("suite", help="the multilingual suite (MaXM, XM3600, MTVQA, xMMMU, M3Exam, "
-                                                 "Kaleidoscope) with Hugging Face models",
+                                                 "Kaleidoscope, MMMB, VLMEvalKit TSVs) with Hugging Face models",
                                    description=__doc__.split("\n")[0])
     add_flags(parser)
     parser.set_defaults(func=run_command)

@@ -1,14 +1,14 @@
 """Where a suite task's images come from: files under a folder, cells of the release's parquet shards, members
-of a zip archive. Every store checks its keys before any scoring (`check`: one `MissingImagesError` line naming
-how many are missing and the first few; a parquet cell without bytes is refused by the reader) and loads one as an
-RGB `PIL.Image` (`load`). A question with more images than the model takes gets them stacked into one canvas
-(`stack`).
+of a zip archive, base64 cells of a TSV (VLMEvalKit's). Every store checks its keys before any scoring (`check`:
+one `MissingImagesError` line naming how many are missing and the first few; a parquet or TSV cell without an
+image is refused by the reader) and loads one as an RGB `PIL.Image` (`load`). A question with more images than
+the model takes gets them stacked into one canvas (`stack`).
 
 An image that is there but cannot be decoded (empty, truncated, corrupt) is handled as `cvqa score` and `iglue-hf`
 handle it (`volta_ml.hf.photos`): `load` returns None, `failed` maps the image's `name` (its path, `<shard> row
-<r> column <c>`, `<archive>:<member>`) to the reason, the question is scored without that image, and the run lists
-it in `suite_results.json` (`failed_images`; `failures` / `failed_in` keep them with each chunk's scores so that
-a resumed or sharded run lists them too)."""
+<r> column <c>`, `<archive>:<member>`, `<tsv> index <i> image <k>`) to the reason, the question is scored without
+that image, and the run lists it in `suite_results.json` (`failed_images`; `failures` / `failed_in` keep them
+with each chunk's scores so that a resumed or sharded run lists them too)."""
 from __future__ import annotations
 
 import io
@@ -166,6 +166,30 @@ class ZipImages(_Decoding):
 
     def digest(self, keys) -> dict:
         return {"image_archive": file_digest(str(self.archive)), "prefix": self.prefix}
+
+
+class Base64Images(_Decoding):
+    """Images as base64 text in the cells of a TSV (VLMEvalKit's `image` column), held as read: a key is (the
+    index of the row holding the text, the image's position in that row's list)."""
+
+    def __init__(self, tsv: str | Path, cells: dict):
+        self.tsv, self.cells = Path(tsv), cells
+        self.failed: dict[str, str] = {}
+
+    def check(self, keys, what: str) -> None:
+        """The reader only makes keys of cells that hold text; nothing is left to check here."""
+
+    def name(self, key) -> str:
+        index, position = key
+        return f"{self.tsv} index {index} image {position}"
+
+    def load(self, key) -> Image.Image | None:
+        import base64
+
+        return self._decode(lambda: Image.open(io.BytesIO(base64.b64decode(self.cells[key]))), key)
+
+    def digest(self, keys) -> dict:
+        return {"images": "base64 cells of the TSV (its digest is the data's)"}
 
 
 def stack(images: list[Image.Image | None]) -> Image.Image:

@@ -15,6 +15,11 @@ saw for the first item, and the user turn of every item, are written with the re
 - Kaleidoscope, generate: the paper's direct regime (its system message, then "Output your choice in the specified
   JSON format.", "Question:", "Options:", "ANSWER:"), the system message placed at the start of the user turn and
   the keywords in English for every language; letter rule: question, lettered options and the letter instruction.
+- MMMB and any VLMEvalKit multiple-choice TSV: VLMEvalKit's `ImageMCQDataset.build_prompt`: "Hint: <hint>" (when
+  the row has one), "Question: <question>", "Options:", "A. ..." per option, "Please select the correct answer
+  from the options above. " (each line ending in a newline, that one after its trailing space), for every
+  language; the same text for the letter rule. (VLMEvalKit's model wrappers may replace it with their own
+  prompt: the dataset's is the one used here.)
 The letter rule reads the letters after its task's lettered prompt (Kaleidoscope: the letter prompt, since the
 direct prompt asks for JSON).
 Changing any text here changes results: bump PROMPTS_VERSION.
@@ -81,3 +86,13 @@ def kaleidoscope(item, kind, frame=None) -> str:
         return f"Question: {item.question}\nOptions:\n{lettered(item.options)}\n{LETTER_INSTRUCTION}"
     return (f"{KALEIDOSCOPE_SYSTEM}\n\nOutput your choice in the specified JSON format.\n\nQuestion: {item.question}\n"
             f"Options:\n{lettered(item.options)}\n\nANSWER:")
+
+
+VLMEVALKIT_SELECT = "Please select the correct answer from the options above. \n"
+
+
+def vlmevalkit_mcq(item, kind, frame=None) -> str:
+    hint = item.meta.get("hint")
+    options = "".join(f"{LETTERS[i]}. {option}\n" for i, option in enumerate(item.options))
+    return ((f"Hint: {hint}\n" if hint is not None else "") + f"Question: {item.question}\n"
+            + (f"Options:\n{options}{VLMEVALKIT_SELECT}" if item.options else ""))

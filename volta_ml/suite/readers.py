@@ -19,21 +19,30 @@ of one language (`TaskData`); a file that is not in the schema is one `SuiteData
 - Kaleidoscope (CohereLabs/kaleidoscope parquet, split `train`, with `data.zip`): `language`, `question`,
   `options` (list), `answer` (0-based index), `image` (a path inside the archive's `final_data/`, or none: a
   text-only question), `category_en`, ...; an option ending in .png / .jpg is an image option.
+- VLMEvalKit's multiple-choice TSV (MMMB: AIDC-AI/Parrot-dataset `mmmb/mmmb_<en|cn|pt|ar|tr|ru>.tsv`; any other,
+  `vlmevalkit_mcq`): `index`, `question`, `A` `B` ... (an empty cell: no such option), `answer` (the letter),
+  `image` (base64, a list literal of several, or the index of the row whose image it is), optional `hint`,
+  `category`, `l2-category`; cells read as pandas' `read_csv` (VLMEvalKit's loader) reads them. Without an
+  `image` column, `image_path` names the image files (under --images, by default the TSV's folder).
 """
 from __future__ import annotations
 
+import ast
+import csv
+import io
 import re
+import sys
 import unicodedata
 from collections import Counter
 from pathlib import Path
 
-from volta_ml.data.annotations import read_json, read_jsonl
+from volta_ml.data.annotations import read_json, read_jsonl, read_text
 from volta_ml.iglue_hf.data import RetrievalData
 from volta_ml.iglue_hf.images import ImageRef, MissingImagesError
 
 from .data import (Item, SuiteDataError, TaskData, image_bytes, literal_list, parquet_rows, parquet_shards, split_of,
                    text, texts)
-from .images import FileImages, ParquetImages, ZipImages
+from .images import Base64Images, FileImages, ParquetImages, ZipImages
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 THAI_LABELS = "กขคงจฉ"
@@ -363,3 +372,144 @@ def read_kaleidoscope(root: Path, lang: str, opts: dict) -> TaskData:
 
 def read_kaleidoscope_multimodal(root: Path, lang: str, opts: dict) -> TaskData:
     return _kaleidoscope(root, lang, opts, multimodal_only=True)
+
+
+# --- VLMEvalKit multiple-choice TSVs (MMMB, MMBench-style sets) ---------------------------------------------------
+# the cells pandas' read_csv (VLMEvalKit's `load`) reads as missing by default
+PANDAS_NA = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+                       "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
+INTEGER = re.compile(r"[+-]?\d+")
+DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+MMMB_FILES = {"en": "en", "zh": "cn", "pt": "pt", "ar": "ar", "tr": "tr", "ru": "ru"}
+INDEX_REFERENCE = 64       # VLMEvalKit: an image cell of at most 64 characters is another row's index
+
+
+def _tsv_columns(path: Path) -> dict[str, list]:
+    """column -> its cells (None: missing), as pandas' default `read_csv(sep="\t")` gives them to VLMEvalKit: the
+    missing-value words above, and a column whose cells are all numbers read as numbers (integers; with a missing
+    cell, or a decimal, floats: "3" then prints "3.0"), kept here as the text VLMEvalKit's f-strings print."""
+    lines = io.StringIO(read_text(path, "VLMEvalKit TSV"), newline="")     # lines end at \n, \r only (not U+2028)
+    csv.field_size_limit(max(csv.field_size_limit(), min(sys.maxsize, 2 ** 31 - 1)))   # base64 images are long
+    try:
+        rows = [r for r in csv.reader(lines, delimiter="\t") if r]
+    except csv.Error as err:
+        raise SuiteDataError(f"{path}: not a readable TSV ({err})") from None
+    if not rows:
+        raise SuiteDataError(f"{path}: empty file (a VLMEvalKit TSV has a header line)")
+    header, columns = rows[0], {}
+    for r, row in enumerate(rows[1:], start=1):
+        if len(row) > len(header):
+            raise SuiteDataError(f"{path}: data row {r}: {len(row)} fields, the header has {len(header)}")
+    for c, name in enumerate(header):
+        cells = [row[c] if c < len(row) and row[c] not in PANDAS_NA else None for row in rows[1:]]
+        present = [v for v in cells if v is not None]
+        if present and all(INTEGER.fullmatch(v) for v in present):
+            cells = [None if v is None else str(int(v) if len(present) == len(cells) else float(v)) for v in cells]
+        elif present and all(DECIMAL.fullmatch(v) for v in present):
+            cells = [None if v is None else str(float(v)) for v in cells]
+        columns[name] = cells
+    return columns
+
+
+def _tsv_images(cell: str, where: str, column: str = "image") -> list[str]:
+    """VLMEvalKit's `toliststr`: a cell "[...]" is a list literal of several images (or image paths)."""
+    if len(cell) > 1 and cell[0] == "[" and cell[-1] == "]":
+        try:
+            value = ast.literal_eval(cell)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            raise SuiteDataError(f"{where}: {column} starts with '[' but is not a list literal") from None
+        if not isinstance(value, (list, tuple)) or not value:
+            raise SuiteDataError(f"{where}: {column} is not a non-empty list")
+        return [str(v) for v in value]
+    return [cell]
+
+
+def read_vlmevalkit_tsv(path: Path, lang: str, opts: dict) -> TaskData:
+    """The questions of one VLMEvalKit multiple-choice TSV, as VLMEvalKit builds them: rows without an image left
+    out (counted), an image cell of at most 64 characters replaced by the image of the row it names, options
+    the letter columns with a cell. A TSV without an `image` column names its images' files in `image_path`
+    (VLMEvalKit's meta-only TSVs: a path or a list literal of paths; relative ones under --images, by default the
+    TSV's folder)."""
+    columns = _tsv_columns(path)
+    missing = [c for c in ("index", "question", "answer") if c not in columns]
+    if "image" not in columns and "image_path" not in columns:
+        missing.append("image (or image_path)")
+    if missing:
+        raise SuiteDataError(f"{path}: missing column(s) {missing}; found {list(columns)}")
+    letters = [c for c in LETTERS if c in columns]
+    n_rows, skipped = len(columns["index"]), Counter()
+    kept, seen = [], {}
+    for r in range(n_rows):
+        index = columns["index"][r]
+        if index is None:
+            raise SuiteDataError(f"{path}: data row {r + 1}: index is empty")
+        if index in seen:
+            raise SuiteDataError(f"{path}: data row {r + 1}: index {index} repeated (data row {seen[index] + 1})")
+        seen[index] = r
+        if "image" in columns and columns["image"][r] is None:
+            skipped["no image"] += 1
+            continue
+        kept.append(r)
+    embedded = "image" in columns
+    cells = {columns["index"][r]: columns["image" if embedded else "image_path"][r] for r in kept}
+    items, images = [], {}
+    for r in kept:
+        index = columns["index"][r]
+        where = f"{path}: data row {r + 1} (index {index})"
+        if not embedded:
+            if cells[index] is None:
+                raise SuiteDataError(f"{where}: image_path is empty")
+            keys = _tsv_images(cells[index], where, "image_path")
+        else:
+            source, cell = index, cells[index]
+            if len(cell) <= INDEX_REFERENCE:
+                if cell not in cells or len(cells[cell]) <= INDEX_REFERENCE:
+                    raise SuiteDataError(f"{where}: image {cell!r} is short, so the index of another row's image, "
+                                         "but no row of that index holds an image")
+                source, cell = cell, cells[cell]
+            keys = []
+            for k, encoded in enumerate(_tsv_images(cell, where)):
+                images[(source, k)] = encoded
+                keys.append((source, k))
+        options = [columns[c][r] for c in letters]
+        count = next((i for i, o in enumerate(options) if o is None), len(options))
+        if any(o is not None for o in options[count:]):
+            raise SuiteDataError(f"{where}: option {letters[count]} is empty but a later one is not (options "
+                                 "must run from A without gaps)")
+        if count < 2:
+            raise SuiteDataError(f"{where}: {count} option(s); a multiple-choice question needs 2 or more")
+        answer = columns["answer"][r]
+        if answer is None or answer not in letters[:count]:
+            raise SuiteDataError(f"{where}: answer {answer!r} is not one of the option letters "
+                                 f"{''.join(letters[:count])}")
+        question = columns["question"][r]
+        if question is None:
+            raise SuiteDataError(f"{where}: question is empty")
+        meta = {"hint": columns.get("hint", [None] * n_rows)[r]}
+        meta.update({k: columns[k][r] for k in ("category", "l2-category") if k in columns})
+        items.append(Item(id=index, lang=lang, question=question, images=tuple(keys), options=tuple(options[:count]),
+                          answer=letters.index(answer), meta=meta))
+    if not items:
+        raise SuiteDataError(f"{path}: no questions with an image")
+    store = Base64Images(path, images) if embedded else FileImages(_image_root(opts, path.parent, "TSV"), "{file}")
+    return TaskData(items, store, [path], dict(skipped))
+
+
+def read_mmmb(root: Path, lang: str, opts: dict) -> TaskData:
+    name = f"mmmb_{MMMB_FILES[lang]}.tsv"
+    return read_vlmevalkit_tsv(_file(root, [name, f"mmmb/{name}"], f"MMMB file of language {lang!r} ({name})"), lang,
+                               opts)
+
+
+def read_vlmevalkit_mcq(root: Path, lang: str, opts: dict) -> TaskData:
+    """--data is the TSV, or a folder with one TSV named `<lang>.tsv` or `<anything>_<lang>.tsv` (any case)."""
+    if root.is_file():
+        return read_vlmevalkit_tsv(root, lang, opts)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such file or folder")
+    found = sorted(p for p in root.glob("*.tsv") if p.stem.lower() == lang.lower()
+                   or p.stem.lower().endswith(f"_{lang.lower()}"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"{root}: {len(found)} TSVs of language {lang!r} (<lang>.tsv or *_<lang>.tsv)"
+                                + (f": {', '.join(p.name for p in found)}" if found else "") + "; give --data FILE.tsv")
+    return read_vlmevalkit_tsv(found[0], lang, opts)

@@ -401,6 +401,65 @@ def kaleidoscope_reference(answer: str, item) -> Judged:
     return _choice_judged(parse_kaleidoscope_reference(answer), item, len(item.options))
 
 
+# --- VLMEvalKit multiple choice (MMMB, MMBench-style TSVs) -------------------------------------------------------
+VLMEVALKIT_REFUSALS = ("Sorry, I can't help with images of people yet.", "I can't process this file.",
+                       "I'm sorry, but without the image provided", "Cannot determine the answer")
+VLMEVALKIT_API_FAILURE = "Failed to obtain answer via API"
+VLMEVALKIT_SEPARATORS = ".()[],:;!*#{}"
+VLMEVALKIT_ANSWER_IS = re.compile(r"(?i)(?:correct\s+)?answer\s+is\s+\**([ABCD])\**")
+DECLINED = "Z"          # what VLMEvalKit's matcher returns for a refusal (never an option letter: scored wrong)
+
+
+def vlmevalkit_option(answer: str, letters: str) -> str | None:
+    """VLMEvalKit's `can_infer_option`: a refusal phrase is "Z"; the reply with . ( ) [ ] , : ; ! * # { } as
+    spaces, split into tokens; exactly one option letter among the tokens and it among the last four: that
+    letter; no option letter but a token "Z": "Z"; else the first "(correct) answer is X" (any case, X in A-D and
+    an option). None: no letter inferred (the API-failure marker included). VLMEvalKit's extra check that an "A"
+    among more than three tokens might be an article runs only with its VERBOSE switch set: not applied."""
+    if VLMEVALKIT_API_FAILURE in answer:
+        return None
+    if any(phrase in answer for phrase in VLMEVALKIT_REFUSALS):
+        return DECLINED
+    tokens = answer.translate(str.maketrans(VLMEVALKIT_SEPARATORS, " " * len(VLMEVALKIT_SEPARATORS))).split()
+    named = [c for c in letters if c in tokens]
+    if len(named) == 1:
+        if tokens.index(named[0]) > len(tokens) - 5:
+            return named[0]
+    elif not named and DECLINED in tokens:
+        return DECLINED
+    match = VLMEVALKIT_ANSWER_IS.search(answer)
+    if match and match.group(1).upper() in letters:
+        return match.group(1).upper()
+    return None
+
+
+def vlmevalkit_text(answer: str, options) -> str | None:
+    """VLMEvalKit's `can_infer_text`: a reply (lower-cased, then measured: "İ" lower-cases to two characters) no
+    longer than twice the options' total length that contains exactly one option's text (lower-cased) names it."""
+    answer = answer.lower()
+    if len(answer) > 2 * sum(len(o) for o in options):
+        return None
+    named = [LETTERS[i] for i, o in enumerate(options) if o.lower() in answer]
+    return named[0] if len(named) == 1 else None
+
+
+def vlmevalkit_infer(answer: str, options) -> str | None:
+    """VLMEvalKit's `can_infer` (its exact-matching policy, no judge model): the option rule, else the text rule."""
+    return vlmevalkit_option(answer, LETTERS[:len(options)]) or vlmevalkit_text(answer, options)
+
+
+def vlmevalkit_generate(answer: str, item) -> Judged:
+    """A reply the matcher reads as no option, or as "Z" (declined), is wrong and a format error, as VLMEvalKit's
+    exact matching scores both ("Z": a miss). `chance` is VLMEvalKit's last resort after a judge model failed on
+    an unread reply, a random choice among the option letters and "Z" (1 / (n + 1)); a declined reply never
+    reaches the judge (0)."""
+    letter = vlmevalkit_infer(answer, item.options)
+    index = LETTERS.index(letter) if letter and letter != DECLINED else None
+    judged = _choice_judged(index, item, len(item.options))
+    chance = judged.chance if index is not None else (0.0 if letter == DECLINED else 1.0 / (len(item.options) + 1))
+    return Judged(judged.score, judged.parsed, letter or "", chance)
+
+
 # --- XM3600 captions --------------------------------------------------------------------------------------------
 PTB_STEPS = {"jar": ptb_jar, "python": lambda captions: [" ".join(ptb.tokens(c)) for c in captions]}
 
@@ -500,6 +559,16 @@ KALEIDOSCOPE_RULES = {
     "reference": _rule("reference", "generate", kaleidoscope_reference,
                        "the reference format_answer.py first pass: one-line {\"choice\": X} or a one-character reply, "
                        "A-D only", "israfelsr/kaleidoscope dataset/answer_formating.py"),
+}
+VLMEVALKIT_RULES = {
+    "vlmevalkit": _rule("vlmevalkit", "generate", vlmevalkit_generate,
+                        "greedy answer matched by VLMEvalKit's exact-matching rules (one option letter among the "
+                        "reply's last tokens, \"answer is X\", or the one option whose text a short reply contains); "
+                        "unmatched or declined answers are wrong and counted as format errors (VLMEvalKit's "
+                        "GPT judge fallback needs an API: not run)",
+                        "open-compass/VLMEvalKit vlmeval/utils/matching_util.py can_infer, "
+                        "dataset/utils/multiple_choice.py (judge model exact_matching), read at commit e8e78f0"),
+    "letter": LETTER_RULE,
 }
 CIDER_SOURCE = "XM3600 paper; mBLIP / Centurio caption_evaluation (spaCy segmentation, pycocoevalcap PTBTokenizer, Cider)"
 CIDER_RULES = {

@@ -36,7 +36,7 @@ from volta_ml.hf.photos import failure_line
 from volta_ml.iglue_hf.run import finish_cell, load_backend, model_contents, _model_name
 from volta_ml.iglue_hf.tasks import FAILED, BackendTaskError, backend_kind, run_retrieval, score_items
 from volta_ml.options import complete_options
-from volta_ml.protocols.suite import SUITE
+from volta_ml.protocols.suite import SUITE, language_problem
 from volta_ml.stats import unique_ids, write_items
 
 from .data import resolve
@@ -61,9 +61,9 @@ def check_task(task: str, lang: str, rule: str | None):
             raise UsageError(f"{task} is an IGLUE task: run it with volta-ml iglue-hf")
         suite = [t for t, r in TASKS.items() if r.command == "suite"]
         raise UsageError(f"unknown task {task!r}; known: {', '.join(suite)}")
-    spec = SUITE[task]
-    if lang not in spec.languages:
-        raise UsageError(f"{spec.title} has no language {lang!r}; its languages: {', '.join(spec.languages)}")
+    problem = language_problem(task, lang)
+    if problem:
+        raise UsageError(problem)
     rule = rule or row.default_rule
     if rule not in row.rules:
         raise UsageError(f"--rule {rule!r} does not apply to {task}; known: {', '.join(row.rules)}")

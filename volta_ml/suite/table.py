@@ -62,4 +62,7 @@ TASKS: dict[str, TaskRow] = {row.name: row for row in (
     _suite("kaleidoscope", readers.read_kaleidoscope, prompts.kaleidoscope, rules.KALEIDOSCOPE_RULES, "generate", 32),
     _suite("kaleidoscope_multimodal", readers.read_kaleidoscope_multimodal, prompts.kaleidoscope,
            rules.KALEIDOSCOPE_RULES, "generate", 32),
+    _suite("mmmb", readers.read_mmmb, prompts.vlmevalkit_mcq, rules.VLMEVALKIT_RULES, "vlmevalkit", 32),
+    _suite("vlmevalkit_mcq", readers.read_vlmevalkit_mcq, prompts.vlmevalkit_mcq, rules.VLMEVALKIT_RULES,
+           "vlmevalkit", 32),
 )}
