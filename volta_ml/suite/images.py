@@ -21,6 +21,8 @@ from PIL import Image
 from volta_ml.digest import file_digest, stat_digest
 from volta_ml.iglue_hf.images import SHOWN_MISSING, ImageRef, ImageSource, MissingImagesError
 
+from .data import image_bytes
+
 
 class _Decoding:
     """What the three stores share: the decode failures of the images loaded so far, and their chunk rows."""
@@ -87,7 +89,8 @@ class FileImages(_Decoding):
 
 
 class ParquetImages(_Decoding):
-    """Images embedded in parquet shards (the Hugging Face `Image` feature: a struct {bytes, path}); a key is
+    """Images embedded in parquet shards (the Hugging Face `Image` feature or a plain struct {bytes, path}, or a
+    base64 string: `data.image_bytes`); a key is
     (shard index, row, column). A row group is read when one of its images is loaded (the last two are kept)."""
 
     def __init__(self, shards: list[Path]):
@@ -126,9 +129,8 @@ class ParquetImages(_Decoding):
             self._groups[cache_key] = pq.ParquetFile(self.shards[shard]).read_row_group(group, columns=[column])
             while len(self._groups) > 2:
                 self._groups.popitem(last=False)
-        cell = self._groups[cache_key].column(0)[row - start].as_py()
-        data = cell.get("bytes") if isinstance(cell, dict) else cell
-        return self._decode(lambda: Image.open(io.BytesIO(data)), key)
+        data = image_bytes(self._groups[cache_key].column(0)[row - start].as_py())
+        return self._decode(lambda: Image.open(io.BytesIO(data or b"")), key)
 
     def digest(self, keys) -> dict:
         return {"image_shards": [file_digest(str(s)) for s in self.shards]}
