@@ -12,7 +12,8 @@ import pytest
 from helpers_suite import XMMMU_FILES, build_suite, card
 from helpers_suite_copies import write_m3exam_copy, write_maxm_copy, write_mtvqa_kr, write_xm100_copy
 from test_suite import backend_for, options
-from volta_ml.suite.data import SuiteDataError, card_splits, parquet_shards
+from volta_ml.iglue_hf.parquet import ReleaseError, card_splits, parquet_shards
+from volta_ml.suite.data import SuiteDataError
 from volta_ml.suite.run import run_suite
 from volta_ml.suite.table import TASKS
 
@@ -43,10 +44,10 @@ def test_xmmmu_languages_are_found_through_the_dataset_card(suite, tmp_path):
     (bare / "data").mkdir(parents=True)
     for lang in ("ja", "en"):
         (bare / XMMMU_FILES[lang]).write_bytes((root / XMMMU_FILES[lang]).read_bytes())
-    with pytest.raises(SuiteDataError, match="no parquet shard of split 'ja'"):
+    with pytest.raises(ReleaseError, match="no parquet shard of split 'ja'"):
         parquet_shards(bare, "ja")
     assert parquet_shards(bare, "translated_MMMU_val_300_with_image_Japanese") == [bare / XMMMU_FILES["ja"]]
-    with pytest.raises(SuiteDataError, match=r"README.md: the dataset card's configs have no split 'de'; its splits: en"):
+    with pytest.raises(ReleaseError, match=r"README.md: the dataset card's configs have no split 'de'; its splits: en"):
         parquet_shards(root, "de")
 
 
@@ -79,7 +80,7 @@ def test_card_forms_the_hub_accepts(tmp_path):
                                                                                    r"entry .* has no path")]
     for text, pattern in bad:
         readme.write_text(text)
-        with pytest.raises(SuiteDataError, match=pattern):
+        with pytest.raises(ReleaseError, match=pattern):
             parquet_shards(root, "test")
 
 

@@ -31,8 +31,8 @@ from volta_ml.data.annotations import read_json, read_jsonl
 from volta_ml.iglue_hf.data import RetrievalData
 from volta_ml.iglue_hf.images import ImageRef, MissingImagesError
 
-from .data import (Item, SuiteDataError, TaskData, image_bytes, is_parquet_release, literal_list, parquet_rows,
-                   parquet_shards, split_of, text, texts)
+from .data import (Item, ReleaseError, SuiteDataError, TaskData, image_bytes, is_parquet_release, literal_list,
+                   parquet_rows, parquet_shards, split_of, text, texts)
 from .images import FileImages, ParquetImages, ZipImages
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -380,7 +380,7 @@ def _m3exam_parquet(root: Path, lang: str, name: str, opts: dict) -> TaskData:
         try:
             shards = parquet_shards(root, split)
             break
-        except SuiteDataError as err:
+        except ReleaseError as err:
             if opts.get("split") or split == name:
                 raise SuiteDataError(f"{err} (M3Exam's {lang} is split {lang!r} or {name!r})") from None
     items, i = [], 0
