@@ -88,3 +88,101 @@ def write_mtvqa_kr(root: Path) -> Path:
             {"id": "XX_2", "image": hf_image("xx2"), "qa_pairs": repr([{"question": "?", "answer": "x"}]),
              "lang": "XX"}]
     return _parquet(root / "mtvqa_kr" / "data" / "test-00000-of-00001.parquet", rows).parent.parent
+
+
+# --- floschne's copies (images embedded) ----------------------------------------------------------------------
+def write_xm3600_copy(root: Path, images: Path, langs=("en", "th", "de")) -> Path:
+    """floschne/xm3600: a split per language, one row per image: `image_id`, `image_locale`, `captions`,
+    `captions_tokenized`, `captions_tokenized_lowercase`, `image`."""
+    folder = root / "floschne-xm3600"
+    splits = {}
+    for lang in langs:
+        rows = [{"image_id": key, "image_locale": "en", "captions": XM_CAPTIONS[lang][i],
+                 "captions_tokenized": XM_CAPTIONS[lang][i],
+                 "captions_tokenized_lowercase": [c.lower() for c in XM_CAPTIONS[lang][i]],
+                 "image": {"bytes": (images / f"{key}.jpg").read_bytes(), "path": None}}
+                for i, key in enumerate(XM_KEYS)]
+        splits[lang] = f"data/{lang}-00000-of-00001.parquet"
+        _parquet(folder / splits[lang], rows)
+    card(folder, splits)
+    return folder
+
+
+IGLUE_LABELS = ("entailment", "neutral", "contradiction")
+
+
+def write_iglue_originals(root: Path) -> dict:
+    """Tiny IGLUE test files in IGLUE's own formats (XVNLI jsonl, xGQA's question dict, MaRVL jsonl) with their
+    image folders laid out as iglue-hf's default templates read them."""
+    from helpers_suite import picture
+
+    out = {}
+    xvnli = root / "iglue" / "xvnli_ar.jsonl"
+    (root / "iglue" / "flickr").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(6):
+        flickr = str(1000 + i // 2)
+        picture(f"flickr{flickr}").save(root / "iglue" / "flickr" / f"{flickr}.jpg")
+        rows.append({"gold_label": IGLUE_LABELS[i % 3], "sentence1": f"رجل {i}", "sentence2": f"فرضية {i}",
+                     "captionID": f"{flickr}.jpg#2", "Flikr30kID": flickr})
+    xvnli.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    out["xvnli"] = (xvnli, root / "iglue" / "flickr")
+    gqa = root / "iglue" / "gqa"
+    gqa.mkdir(parents=True, exist_ok=True)
+    questions = {}
+    for i in range(6):
+        image = f"n{500 + i // 3}"
+        picture(f"gqa{image}").save(gqa / f"{image}.jpg")
+        questions[str(20000 + i)] = {"question": f"Welche Farbe hat {i}?", "imageId": image,
+                                     "answer": ["yes", "no", "left"][i % 3]}
+    (root / "iglue" / "xgqa_de.json").write_text(json.dumps(questions, ensure_ascii=False), encoding="utf-8")
+    out["xgqa"] = (root / "iglue" / "xgqa_de.json", gqa)
+    marvl = root / "iglue" / "marvl-id.jsonl"
+    rows = []
+    for i in range(4):
+        concept = f"{39 + i // 2}-Panci"
+        left, right = f"{39 + i // 2}-{i}.jpg", f"{39 + i // 2}-{i + 10}.jpg"
+        folder = root / "iglue" / "marvl-images" / "id" / "images" / concept
+        folder.mkdir(parents=True, exist_ok=True)
+        picture(f"marvl{left}").save(folder / left)
+        picture(f"marvl{right}").save(folder / right)
+        rows.append({"concept": concept, "language": "id", "caption": f"Panci {i}", "left_img": left,
+                     "right_img": right, "chapter": "Basic actions", "id": f"id-{i}", "label": i % 2 == 0})
+    marvl.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    out["marvl"] = (marvl, root / "iglue" / "marvl-images")
+    return out
+
+
+def write_iglue_copies(root: Path, originals: dict) -> dict:
+    """floschne/xvnli, floschne/xgqa, floschne/marvl from the same rows and image bytes: a split per language,
+    images embedded as {bytes, path} structs, the copies' own field names."""
+    out = {}
+    xvnli, flickr = originals["xvnli"]
+    rows = [json.loads(line) for line in xvnli.read_text(encoding="utf-8").splitlines()]
+    out["xvnli"] = _copy(root / "floschne-xvnli", "ar", [
+        {"flikr30k_id": r["Flikr30kID"], "caption": r["sentence1"], "hypothesis": r["sentence2"],
+         "label": r["gold_label"], "image": {"bytes": (flickr / f"{r['Flikr30kID']}.jpg").read_bytes(),
+                                             "path": None}} for r in rows])
+    gqa_file, gqa = originals["xgqa"]
+    questions = json.loads(gqa_file.read_text(encoding="utf-8"))
+    out["xgqa"] = _copy(root / "floschne-xgqa", "de", [
+        {"question_id": key, "image_id": q["imageId"], "question": q["question"], "answer": q["answer"],
+         "full_answer": q["answer"], "image": {"bytes": (gqa / f"{q['imageId']}.jpg").read_bytes(), "path": None}}
+        for key, q in questions.items()])
+    marvl, images = originals["marvl"]
+    rows = [json.loads(line) for line in marvl.read_text(encoding="utf-8").splitlines()]
+
+    def cell(r, side):
+        return {"bytes": (images / "id" / "images" / r["concept"] / r[side]).read_bytes(), "path": None}
+    out["marvl"] = _copy(root / "floschne-marvl", "id", [
+        {"id": r["id"], "hypothesis": r["caption"], "hypo_en": f"The pan {k}", "label": r["label"],
+         "left_img_id": r["left_img"].split(".")[0], "right_img_id": r["right_img"].split(".")[0],
+         "left_img": cell(r, "left_img"), "right_img": cell(r, "right_img"), "concept": r["concept"],
+         "language": "id", "chapter": r["chapter"]} for k, r in enumerate(rows)])
+    return out
+
+
+def _copy(folder: Path, split: str, rows: list[dict]) -> Path:
+    card(folder, {split: f"data/{split}-00000-of-00001.parquet"})
+    _parquet(folder / "data" / f"{split}-00000-of-00001.parquet", rows)
+    return folder

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers_suite import XMMMU_FILES, build_suite, card
-from helpers_suite_copies import write_m3exam_copy, write_maxm_copy, write_mtvqa_kr, write_xm100_copy
+from helpers_fake_backends import FakeGenerative
+from helpers_suite import XMMMU_FILES, build_suite
+from helpers_suite_copies import (write_iglue_copies, write_iglue_originals, write_m3exam_copy, write_maxm_copy,
+                                  write_mtvqa_kr, write_xm100_copy, write_xm3600_copy)
 from test_suite import backend_for, options
 from volta_ml.iglue_hf.parquet import ReleaseError, card_splits, parquet_shards
 from volta_ml.suite.data import SuiteDataError
@@ -25,7 +27,8 @@ def suite(tmp_path_factory):
     images = built["xm3600"]["images"]
     built["copies"] = {"maxm": write_maxm_copy(root, built["maxm"], images),
                        "xm100": write_xm100_copy(root, images),
-                       "m3exam": write_m3exam_copy(root, built["m3exam"])}
+                       "m3exam": write_m3exam_copy(root, built["m3exam"]),
+                       "xm3600": write_xm3600_copy(root, images)}
     return built
 
 
@@ -95,26 +98,35 @@ def test_mtvqa_korean_as_kr_and_other_languages_never_stop_a_run(tmp_path):
 
 def _per_item(out: Path, lang: str) -> tuple[list, list]:
     items = [json.loads(line) for line in (out / f"test_{lang}_items.jsonl").read_text().splitlines()]
-    predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    predictions = out / "predictions.jsonl"
+    predictions = [json.loads(line) for line in predictions.read_text().splitlines()] if predictions.exists() else []
+    assert items
     return sorted(items, key=lambda r: r["id"]), sorted(predictions, key=lambda r: r["id"])
 
 
-COPIES = [("maxm", "en", "exact", {}), ("maxm", "zh", "relaxed", {}), ("xm100", "en", "cider-pyptb", {}),
-          ("xm100", "de", "cider-pyptb", {}), ("m3exam", "th", "generate", {}), ("m3exam", "th", "letter", {})]
+# task, language, rule, the copy read, whether --subset still applies
+COPIES = [("maxm", "en", "exact", "maxm", False), ("maxm", "zh", "relaxed", "maxm", False),
+          ("xm100", "en", "cider-pyptb", "xm100", False), ("xm100", "de", "cider-pyptb", "xm100", False),
+          ("m3exam", "th", "generate", "m3exam", False), ("m3exam", "th", "letter", "m3exam", False),
+          ("xm3600", "th", "cider-pyptb", "xm3600", False), ("xm100", "en", "cider-pyptb", "xm3600", True),
+          ("xm3600_retrieval", "de", "embedding", "xm3600", False)]
 
 
-@pytest.mark.parametrize("task,lang,rule,extra", COPIES)
-def test_a_copy_scores_each_item_as_the_original(suite, tmp_path, task, lang, rule, extra):
-    """The same items from the original release and from PangeaBench's parquet copy, scored by fresh contract
-    fakes: identical per-item files and predictions (ids, scores, answers, prompts)."""
+@pytest.mark.parametrize("task,lang,rule,copy,subset", COPIES)
+def test_a_copy_scores_each_item_as_the_original(suite, tmp_path, task, lang, rule, copy, subset):
+    """The same items from the original release and from a parquet copy on the hub (PangeaBench's MaXM, XM100,
+    M3Exam; floschne's XM3600, also restricted by --subset to XM100's keys), scored by fresh contract fakes:
+    identical per-item files and predictions (ids, scores, answers, prompts)."""
     original = run_suite(options(suite, task, lang, tmp_path / "original", rule=rule), backend=backend_for(task))
-    copy_opts = dict(options(suite, task, lang, tmp_path / "copy", rule=rule, **extra),
-                     data=str(suite["copies"][task]), images=None, subset=None)
-    copy = run_suite(copy_opts, backend=backend_for(task))
+    copy_opts = dict(options(suite, task, lang, tmp_path / "copy", rule=rule), data=str(suite["copies"][copy]),
+                     images=None)
+    if not subset:
+        copy_opts["subset"] = None
+    result = run_suite(copy_opts, backend=backend_for(task))
     assert _per_item(tmp_path / "original", lang) == _per_item(tmp_path / "copy", lang)
-    assert original["metrics"] == copy["metrics"]
-    assert copy["n_items"] == original["n_items"] > 0
-    assert all(f.startswith(str(suite["copies"][task])) for f in copy["data_files"])   # what produced it
+    assert original["metrics"] == result["metrics"]
+    assert result["n_items"] == original["n_items"] > 0
+    assert all(f.startswith(str(suite["copies"][copy])) for f in result["data_files"] if not f.endswith(".txt"))
 
 
 def test_copies_read_natively(suite):
@@ -127,8 +139,57 @@ def test_copies_read_natively(suite):
     m3 = TASKS["m3exam"].reader(suite["copies"]["m3exam"], "th", {})
     assert [len(i.images) for i in m3.items] == [1, 1, 2]
     assert all(m3.store.load(k).size for i in m3.items for k in i.images)
-    with pytest.raises(SuiteDataError, match=r"--subset: .* is PangeaBench's XM100 copy"):
-        TASKS["xm100"].reader(suite["copies"]["xm100"], "en", {"subset": "ids.txt"})
     with pytest.raises(SuiteDataError, match=r"the dataset card's configs have no split 'vietnamese'.*M3Exam's vi is "
                                              r"split 'vi' or 'vietnamese'"):
         TASKS["m3exam"].reader(suite["copies"]["m3exam"], "vi", {})
+
+
+@pytest.fixture(scope="module")
+def iglue(tmp_path_factory):
+    root = tmp_path_factory.mktemp("iglue_copies")
+    originals = write_iglue_originals(root)
+    return originals, write_iglue_copies(root, originals)
+
+
+@pytest.mark.parametrize("task,lang,rule", [("xvnli", "ar", "letter"), ("xvnli", "ar", "generate"),
+                                            ("xgqa", "de", "generate"), ("marvl", "id", "letter")])
+def test_iglue_copies_score_each_item_as_iglues_files(iglue, tmp_path, task, lang, rule):
+    """floschne's copies through `volta-ml iglue-hf` (--annotations the copy's folder, no --images): the same
+    per-item scores and predictions as IGLUE's file with its image folder."""
+    from volta_ml.iglue_hf.run import run_iglue_hf
+
+    originals, copies = iglue
+    annotation, images = originals[task]
+    common = {"task": task, "backend": "fake", "model": "/models/fake-model", "lang": lang, "protocol": "zero-shot",
+              "progress": False, "batch_size": 3, "chunk_size": 2, "rule": rule}
+    original = run_iglue_hf(dict(common, annotations=str(annotation), images=str(images),
+                                 output_dir=str(tmp_path / "original")), backend=FakeGenerative(max_images=2))
+    copy = run_iglue_hf(dict(common, annotations=str(copies[task]), output_dir=str(tmp_path / "copy")),
+                        backend=FakeGenerative(max_images=2))
+    assert _per_item(tmp_path / "original", lang) == _per_item(tmp_path / "copy", lang)
+    assert original["metrics"] == copy["metrics"] and copy["n_examples"] == original["n_examples"] > 0
+    assert copy["image_template"] == "embedded (parquet cells)" and copy["image_root"] == str(copies[task] / "data")
+
+
+def test_iglue_copies_usage(iglue, tmp_path):
+    """MaRVL's translate-test reads the copy's hypo_en; a copy without translations, a task without a copy, a
+    file without --images: one line each."""
+    from volta_ml.engine.failures import UsageError
+    from volta_ml.iglue_hf.data import read_copy
+
+    originals, copies = iglue
+    examples, source = read_copy("marvl", copies["marvl"], "id", translated=True)
+    assert [e.text for e in examples] == [f"The pan {k}" for k in range(4)]
+    assert [e.label for e in examples] == ["true", "false", "true", "false"]
+    assert all(source.load(r).size for e in examples for r in e.images)
+    with pytest.raises(UsageError, match="xvnli: the hub copy has no English translations"):
+        read_copy("xvnli", copies["xvnli"], "ar", translated=True)
+    with pytest.raises(UsageError, match="xflickrco: no hub copy with embedded images is read for this task"):
+        read_copy("xflickrco", copies["xvnli"], "ar")
+    with pytest.raises(ReleaseError, match="the dataset card's configs have no split 'fr'"):
+        read_copy("xvnli", copies["xvnli"], "fr")
+    from volta_ml.iglue_hf.run import run_iglue_hf
+    with pytest.raises(UsageError, match=r"give --images \(the image root folder\)"):
+        run_iglue_hf({"task": "xvnli", "backend": "fake", "model": "/m", "lang": "ar", "protocol": "zero-shot",
+                      "annotations": str(originals["xvnli"][0]), "output_dir": str(tmp_path)},
+                     backend=FakeGenerative())

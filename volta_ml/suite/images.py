@@ -18,7 +18,7 @@ from pathlib import Path
 from PIL import Image
 
 from volta_ml.digest import file_digest, stat_digest
-from volta_ml.iglue_hf.images import SHOWN_MISSING, ImageRef, ImageSource, MissingImagesError
+from volta_ml.iglue_hf.images import SHOWN_MISSING, ImageRef, ImageSource, MissingImagesError, ParquetSource
 
 from volta_ml.iglue_hf.parquet import ParquetCells, image_bytes
 
@@ -96,6 +96,12 @@ class ParquetImages(_Decoding):
         self.shards = list(shards)
         self.cells = ParquetCells(self.shards)
         self.failed: dict[str, str] = {}
+        self.refs: dict = {}          # ImageRef -> key, for the retrieval loop (`source`)
+
+    @property
+    def source(self) -> ParquetSource:
+        """The images as `iglue_hf.images.ParquetSource` (`ImageSource`'s interface, by `ImageRef`)."""
+        return ParquetSource(self.cells, self.refs)
 
     def check(self, keys, what: str) -> None:
         """The readers only make keys of cells that hold image bytes; nothing is left to check here."""

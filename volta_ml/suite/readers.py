@@ -109,28 +109,55 @@ def _maxm_parquet(root: Path, lang: str, opts: dict) -> TaskData:
 
 # --- XM3600 / XM100 -------------------------------------------------------------------------------------------
 def _xm3600(root: Path, lang: str, opts: dict):
-    path = _file(root, ["captions.jsonl"], "XM3600 captions (captions.jsonl)")
-    found, skipped, langs = [], Counter(), set()
-    for line_no, row in read_jsonl(path, "XM3600 captions"):
-        where = f"{path}:{line_no}"
-        key = text(row, "image/key", where)
-        langs |= {k for k, v in row.items() if isinstance(v, dict)}
-        entry = row.get(lang)
-        if entry is None:
-            skipped[f"no {lang} captions"] += 1
-            continue
-        if not isinstance(entry, dict):
-            raise SuiteDataError(f"{where}: {lang} must be an object with a 'caption' list")
-        found.append((key, texts(entry, "caption", f"{where} {lang}")))
-    if not found:
-        raise SuiteDataError(f"{path}: no captions in language {lang!r} (languages found: {', '.join(sorted(langs))})")
+    """(image key, captions, image store key) of every image with captions in `lang`, the store, the files read,
+    what was skipped: from captions.jsonl and its image folder, or from floschne/xm3600 (parquet)."""
+    if is_parquet_release(root, "captions.jsonl"):
+        found, store, files = _xm3600_parquet(root, lang, opts)
+        skipped = Counter()
+    else:
+        path = _file(root, ["captions.jsonl"], "XM3600 captions (captions.jsonl)")
+        found, skipped, langs = [], Counter(), set()
+        for line_no, row in read_jsonl(path, "XM3600 captions"):
+            where = f"{path}:{line_no}"
+            key = text(row, "image/key", where)
+            langs |= {k for k, v in row.items() if isinstance(v, dict)}
+            entry = row.get(lang)
+            if entry is None:
+                skipped[f"no {lang} captions"] += 1
+                continue
+            if not isinstance(entry, dict):
+                raise SuiteDataError(f"{where}: {lang} must be an object with a 'caption' list")
+            found.append((key, texts(entry, "caption", f"{where} {lang}"), key))
+        if not found:
+            raise SuiteDataError(f"{path}: no captions in language {lang!r} (languages found: "
+                                 f"{', '.join(sorted(langs))})")
+        store = FileImages(_image_root(opts, path.parent / "images", "XM3600"), "{id}.jpg")
+        files = [path]
     if opts.get("subset"):
-        subset = _subset(Path(opts["subset"]), {k for k, _ in found}, path)
+        subset = _subset(Path(opts["subset"]), {k for k, _, _ in found}, files[0] if len(files) == 1 else root)
         skipped["not in --subset"] = len(found) - len(subset)
-        found = [(k, c) for k, c in found if k in subset]
-    store = FileImages(_image_root(opts, path.parent / "images", "XM3600"), "{id}.jpg")
-    files = [path] + ([Path(opts["subset"])] if opts.get("subset") else [])
+        found = [f for f in found if f[0] in subset]
+        files = files + [Path(opts["subset"])]
     return found, store, files, dict(skipped)
+
+
+def _xm3600_parquet(root: Path, lang: str, opts: dict):
+    """floschne/xm3600: a split per language (`fil` for Filipino, as XM3600), one row per image: `image_id` (the
+    image/key), `image_locale`, `captions` (list; `captions_tokenized`, `captions_tokenized_lowercase` unread),
+    `image` (embedded)."""
+    shards = parquet_shards(root, opts.get("split") or lang)
+    found = []
+    for s, shard in enumerate(shards):
+        for row, record in parquet_rows(shard, ["image_id", "captions", "image"]):
+            where = f"{shard} row {row}"
+            key = text(record, "image_id", where)
+            if image_bytes(record["image"]) is None:
+                raise SuiteDataError(f"{where} (image_id {key!r}): the image holds no bytes")
+            found.append((key, texts(dict(record, captions=list(record["captions"] or [])), "captions", where),
+                          (s, row, "image")))
+    if not found:
+        raise SuiteDataError(f"{root}: no XM3600 captions in split {(opts.get('split') or lang)!r}")
+    return found, ParquetImages(shards), shards
 
 
 def _subset(path: Path, known: set[str], captions: Path) -> set[str]:
@@ -148,15 +175,18 @@ def _subset(path: Path, known: set[str], captions: Path) -> set[str]:
 
 def read_xm3600(root: Path, lang: str, opts: dict) -> TaskData:
     found, store, files, skipped = _xm3600(root, lang, opts)
-    return TaskData([Item(id=k, lang=lang, images=(k,), references=caps) for k, caps in found], store, files, skipped)
+    return TaskData([Item(id=k, lang=lang, images=(image,), references=caps, meta={"image_id": k})
+                     for k, caps, image in found], store, files, skipped)
 
 
 def read_xm100(root: Path, lang: str, opts: dict) -> TaskData:
-    if is_parquet_release(root, "captions.jsonl"):
-        return _xm100_parquet(root, lang, opts)
+    """XM3600 (captions.jsonl or floschne/xm3600) restricted by --subset to PangeaBench's 100 image keys, or
+    PangeaBench's own copy (neulab/PangeaBench-xm100), already those 100."""
     if not opts.get("subset"):
+        if is_parquet_release(root, "captions.jsonl"):
+            return _xm100_parquet(root, lang, opts)
         raise SuiteDataError("xm100: give --subset, the file of the 100 XM3600 image keys PangeaBench evaluates on "
-                             "(one per line; the image_id column of neulab/PangeaBench-xm100)")
+                             "(one per line; the image_id column of neulab/PangeaBench-xm100), or --data that copy")
     return read_xm3600(root, lang, opts)
 
 
@@ -164,9 +194,6 @@ def _xm100_parquet(root: Path, lang: str, opts: dict) -> TaskData:
     """PangeaBench's copy (neulab/PangeaBench-xm100): split `<lang>`, one row per caption (`image_id`: XM3600's
     hex key, `image`, `caption`: one string); the rows of one image are its references, in row order, and the
     image is read from its first row. The same items as captions.jsonl restricted to its 100 keys (--subset)."""
-    if opts.get("subset"):
-        raise SuiteDataError(f"--subset: {root} is PangeaBench's XM100 copy, already its 100 images; --subset "
-                             "restricts XM3600's captions.jsonl")
     shards = parquet_shards(root, opts.get("split") or lang)
     first: dict[str, tuple] = {}
     captions: dict[str, list[str]] = {}
@@ -188,11 +215,13 @@ def _xm100_parquet(root: Path, lang: str, opts: dict) -> TaskData:
 
 def read_xm3600_retrieval(root: Path, lang: str, opts: dict) -> TaskData:
     found, store, files, skipped = _xm3600(root, lang, opts)
-    data = RetrievalData(images=[ImageRef(k) for k, _ in found], captions=[])
-    for index, (_, caps) in enumerate(found):
+    data = RetrievalData(images=[ImageRef(k) for k, _, _ in found], captions=[])
+    for index, (_, caps, _) in enumerate(found):
         data.captions.extend(caps)
         data.caption_image.extend([index] * len(caps))
-    items = [Item(id=k, lang=lang, images=(k,), references=caps) for k, caps in found]
+    if isinstance(store, ParquetImages):       # the retrieval loop reads images by ImageRef
+        store.refs = {ImageRef(k): image for k, _, image in found}
+    items = [Item(id=k, lang=lang, images=(image,), references=caps, meta={"image_id": k}) for k, caps, image in found]
     return TaskData(items, store, files, skipped, retrieval=data)
 
 
