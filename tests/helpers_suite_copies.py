@@ -81,8 +81,8 @@ def write_m3exam_copy(root: Path, m3exam: Path, name: str = "thai") -> Path:
 def write_mtvqa_kr(root: Path) -> Path:
     """MTVQA with Korean written `KR` (Centurio's configs and other ports), a German row, and a row of a
     language MTVQA does not have."""
-    rows = [{"id": "KR_0", "image": hf_image("kr0"), "qa_pairs": repr([{"question": "간판에 뭐라고 써 있나요?",
-                                                                       "answer": "출구"}]), "lang": "KR"},
+    rows = [{"id": "KR_0", "image": hf_image("kr0"), "lang": "KR",
+             "qa_pairs": repr([{"question": "간판에 뭐라고 써 있나요?", "answer": "출구"}])},
             {"id": "DE_1", "image": hf_image("de1"), "qa_pairs": repr([{"question": "Was steht da?",
                                                                        "answer": "Ausgang"}]), "lang": "DE"},
             {"id": "XX_2", "image": hf_image("xx2"), "qa_pairs": repr([{"question": "?", "answer": "x"}]),

@@ -78,7 +78,8 @@ def test_card_forms_the_hub_accepts(tmp_path):
             r"split 'test' is given other files by configs 'a' and 'b'"),
            ("---\nconfigs: [\n---\n", r"README.md: the front matter is not YAML"),
            ("---\nconfigs:\n- config_name: a\n  data_files:\n  - split: test\n    path: nowhere/*.parquet\n---\n",
-            r"no parquet file matches the data_files \['nowhere/\*.parquet'\] the dataset card \(README.md\) gives split 'test'"),
+            r"no parquet file matches the data_files \['nowhere/\*.parquet'\] the dataset card \(README.md\) gives "
+            r"split 'test'"),
            ("---\nconfigs:\n- config_name: a\n  data_files:\n  - split: test\n---\n", r"configs\[0\] \(a\): data_files "
                                                                                    r"entry .* has no path")]
     for text, pattern in bad:
@@ -171,7 +172,7 @@ def test_iglue_copies_score_each_item_as_iglues_files(iglue, tmp_path, task, lan
     assert copy["image_template"] == "embedded (parquet cells)" and copy["image_root"] == str(copies[task] / "data")
 
 
-def test_iglue_copies_usage(iglue, tmp_path):
+def test_iglue_copies_usage(iglue, tmp_path, capsys):
     """MaRVL's translate-test reads the copy's hypo_en; a copy without translations, a task without a copy, a
     file without --images: one line each."""
     from volta_ml.engine.failures import UsageError
@@ -188,8 +189,10 @@ def test_iglue_copies_usage(iglue, tmp_path):
         read_copy("xflickrco", copies["xvnli"], "ar")
     with pytest.raises(ReleaseError, match="the dataset card's configs have no split 'fr'"):
         read_copy("xvnli", copies["xvnli"], "fr")
-    from volta_ml.iglue_hf.run import run_iglue_hf
-    with pytest.raises(UsageError, match=r"give --images \(the image root folder\)"):
-        run_iglue_hf({"task": "xvnli", "backend": "fake", "model": "/m", "lang": "ar", "protocol": "zero-shot",
-                      "annotations": str(originals["xvnli"][0]), "output_dir": str(tmp_path)},
-                     backend=FakeGenerative())
+    from volta_ml.cli import main
+    code = main(["iglue-hf", "--task", "xvnli", "--backend", "mllm", "--model", "/models/nowhere", "--lang", "ar",
+                 "--annotations", str(originals["xvnli"][0]), "--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == ("volta-ml iglue-hf: error: give --images (the image root folder); only a hub copy with embedded "
+                      "images (a parquet folder or file as --annotations) needs none")

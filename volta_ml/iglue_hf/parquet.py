@@ -28,7 +28,7 @@ def card_splits(root: Path) -> dict[str, list[str]] | None:
     if not card.is_file():
         return None
     text = card.read_text(encoding="utf-8", errors="replace")
-    match = re.match(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", text, re.S)
+    match = re.match(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", text, re.DOTALL)
     if not match:
         return None
     try:
@@ -39,7 +39,8 @@ def card_splits(root: Path) -> dict[str, list[str]] | None:
     if configs is None:
         return None
     if not isinstance(configs, list):
-        raise ReleaseError(f"{card}: configs must be a list of {{config_name, data_files}}, got {type(configs).__name__}")
+        raise ReleaseError(f"{card}: configs must be a list of {{config_name, data_files}}, got "
+                           f"{type(configs).__name__}")
     splits: dict[str, list[str]] = {}
     named_by: dict[str, str] = {}
     for c, config in enumerate(configs):
@@ -90,7 +91,8 @@ def parquet_shards(root: Path, split: str | None = None) -> list[Path]:
         return named
     named = [s for s in shards if split_of(s) == split or s.parent.name == split]
     if not named:
-        raise ReleaseError(f"{root}: no parquet shard of split {split!r}; found {sorted({split_of(s) for s in shards})}")
+        raise ReleaseError(f"{root}: no parquet shard of split {split!r}; found "
+                           f"{sorted({split_of(s) for s in shards})}")
     return named
 
 

@@ -45,9 +45,9 @@ from .tasks import check_capable, run_generative, run_retrieval
 PROTOCOLS = {"zero-shot": "zero_shot", "translate-test": "translate_test"}
 DEFAULTS = {"rule": None, "annotations": None, "data_root": None, "images": None, "image_template": None,
             "batch_size": 8, "chunk_size": 64, "max_new_tokens": 10, "marvl_layout": "auto", "name": None,
-            "revision": None, "dtype": "fp32", "device": "cpu", "device_map": None, "work_dir": None, "no_resume": False,
-            "keep_chunks": False, "record": True, "progress": True, "vocabulary": None, "local_rank": -1,
-            "extra": None, "allow_missing_keys": False, "text_base": None, "adapter": None,
+            "revision": None, "dtype": "fp32", "device": "cpu", "device_map": None, "work_dir": None,
+            "no_resume": False, "keep_chunks": False, "record": True, "progress": True, "vocabulary": None,
+            "local_rank": -1, "extra": None, "allow_missing_keys": False, "text_base": None, "adapter": None,
             "allow_adapter_base_mismatch": False}
 REQUIRED = ("task", "backend", "model", "lang", "protocol", "output_dir")
 
@@ -109,7 +109,8 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
     split = f"test_{lang}" + ("_mt" if protocol == "translate-test" else "")
     work_dir = opts["work_dir"] or str(out_dir / f"{split}_chunks")
     fingerprint = {"format": 3, "task": task, "rule": rule, "annotations": annotation_digest,
-                   **source.digest(image_refs(data)), "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
+                   **source.digest(image_refs(data)), "model": opts["model"], "revision": opts["revision"],
+                   "dtype": opts["dtype"],
                    "backend": opts["backend"], "prompts": PROMPTS_VERSION, "batch_size": opts["batch_size"],
                    "extra": opts["extra"] or {}, "adapter": opts["adapter"], **model_contents(opts)}
     if opts["allow_adapter_base_mismatch"]:   # added later: in the key only when set, so older runs resume
