@@ -6,7 +6,9 @@ Writes into SCRATCH (a folder outside the repository; generated data is never co
   data/     tiny releases of every suite benchmark in its released schema (tests/helpers_suite.py's writers:
             MaXM's maxm_v1_<lang>.json, XM3600's captions.jsonl with <key>.jpg images, MTVQA's and xMMMU's
             parquet, M3Exam's multimodal-questions/, Kaleidoscope's parquet with its data.zip, MMMB's
-            mmmb/mmmb_<lang>.tsv)
+            mmmb/mmmb_<lang>.tsv), and two hub copies (tests/helpers_suite_copies.py): PangeaBench's
+            neulab/PangeaBench-xm100, which xm100 reads, and floschne/xm3600 (images embedded), which
+            xm3600_retrieval reads; each gives the same items as the original release (tests/test_suite_copies.py)
   models/   tiny random models (tests/helpers_hf.py, tests/helpers_vlm_families.py): LLaVA and Qwen2-VL
             (generative), CLIP (a dual encoder, for xm3600_retrieval)
   suite_tiny.yml  a grid of the same shape as examples/grids/suite.yml pointing at them, over the languages the
@@ -56,11 +58,22 @@ def build(scratch: Path, java: bool = True) -> Path:
         shutil.rmtree(data)
     paths = {"llava": build_hf("llava", models), "qwen2-vl": build_family("qwen2-vl", models),
              "clip": build_hf("clip", models)}
-    return write_grid(scratch, build_suite(data), paths, java)
+    files = build_suite(data)
+    return write_grid(scratch, dict(files, copies=build_copies(data, files)), paths, java)
+
+
+def build_copies(data: Path, files: dict) -> dict:
+    """The hub copies the grid reads, written from the same items as the releases `files` (build_suite's)."""
+    from helpers_suite_copies import write_xm100_copy, write_xm3600_copy
+
+    images, langs = files["xm3600"]["images"], tuple(LANGUAGES["xm100"])
+    return {"xm100": write_xm100_copy(data, images, langs=langs),
+            "xm3600_retrieval": write_xm3600_copy(data, images, langs=tuple(LANGUAGES["xm3600_retrieval"]))}
 
 
 def write_grid(scratch: Path, files: dict, paths: dict, java: bool = True) -> Path:
-    """scratch/suite_tiny.yml over the releases `files` (helpers_suite.build_suite's) and the models `paths`."""
+    """scratch/suite_tiny.yml over the releases `files` (helpers_suite.build_suite's, with `copies`: the hub
+    copies of build_copies, read instead of the release for their tasks) and the models `paths`."""
     import yaml
 
     def generative(name: str) -> dict:
@@ -70,21 +83,20 @@ def write_grid(scratch: Path, files: dict, paths: dict, java: bool = True) -> Pa
         return {"backend": "mllm", "model": str(paths[name]),
                 "rules": rules if java else {**rules, "xm3600": ["cider-pyptb"], "xm100": ["cider-pyptb"]}}
 
-    xm = files["xm3600"]
+    xm, copies = files["xm3600"], files["copies"]
     grid = {
         "name": "suite",
         "output_dir": str(scratch / "runs"),
         "baseline": "llava",
         "suite": {
             "tasks": list(LANGUAGES),
-            "data": {"maxm": str(files["maxm"]), "xm3600": str(xm["captions"]), "xm100": str(xm["captions"]),
-                     "xm3600_retrieval": str(xm["captions"]), "mtvqa": str(files["mtvqa"]),
+            "data": {"maxm": str(files["maxm"]), "xm3600": str(xm["captions"]), "xm100": str(copies["xm100"]),
+                     "xm3600_retrieval": str(copies["xm3600_retrieval"]), "mtvqa": str(files["mtvqa"]),
                      "xmmmu": str(files["xmmmu"]), "m3exam": str(files["m3exam"]),
                      "kaleidoscope": str(files["kaleidoscope"]), "kaleidoscope_multimodal": str(files["kaleidoscope"]),
                      "mmmb": str(files["mmmb"])},
-            "images": {t: str(xm["images"]) for t in ("maxm", "xm3600", "xm100", "xm3600_retrieval")},
+            "images": {t: str(xm["images"]) for t in ("maxm", "xm3600")},     # the copies embed theirs
             "languages": LANGUAGES,
-            "task_flags": {"xm100": ["--subset", str(xm["subset"])]},
             "flags": ["--batch_size", "4"],
             "models": {"llava": generative("llava"), "qwen2-vl": generative("qwen2-vl"),
                        "clip": {"backend": "clip", "model": str(paths["clip"])}},

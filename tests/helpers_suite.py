@@ -126,8 +126,26 @@ def write_mtvqa(root: Path) -> Path:
 
 
 # --- xMMMU ----------------------------------------------------------------------------------------------------
+XMMMU_FILES = {"en": "data/validation-00000-of-00001.parquet",
+               **{lang: f"data/translated_MMMU_val_300_with_image_{language}.parquet" for lang, language in (
+                   ("ar", "Arabic"), ("fr", "French"), ("hi", "Hindi"), ("id", "Indonesian"), ("ja", "Japanese"),
+                   ("pt", "Portuguese"))}}
+
+
+def card(folder: Path, splits: dict[str, str], config: str = "default") -> None:
+    """A dataset card (README.md) whose YAML front matter maps each split to its files, as the hub's are."""
+    lines = ["---", "license: apache-2.0", "configs:", f"- config_name: {config}", "  data_files:"]
+    for split, path in splits.items():
+        lines += [f"  - split: {split}", f"    path: {path}"]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "README.md").write_text("\n".join(lines + ["---", "", "# A dataset", ""]), encoding="utf-8")
+
+
 def write_xmmmu(root: Path) -> Path:
+    """neulab/PangeaBench-xmmmu as released: data/translated_MMMU_val_300_with_image_<Language>.parquet (and
+    data/validation-00000-of-00001.parquet for en), the card's configs naming the split of each file."""
     folder = root / "xmmmu"
+    card(folder, XMMMU_FILES)
     for lang in ("ja", "en"):
         rows = []
         cases = [
@@ -146,7 +164,7 @@ def write_xmmmu(root: Path) -> Path:
             for k in range(1, 8):
                 row[f"image_{k}"] = hf_image(f"{lang}{qid}{k}") if k in shown else None
             rows.append(row)
-        _parquet(folder / "data" / f"{lang}-00000-of-00001.parquet", rows)
+        _parquet(folder / XMMMU_FILES[lang], rows)
     return folder
 
 

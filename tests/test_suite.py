@@ -493,12 +493,18 @@ def test_suite_tiny_example_plans_the_documented_sweep(suite, tmp_path):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     models = {name: tmp_path / name for name in ("llava", "qwen2-vl", "clip")}
-    grid = load_grid(script.write_grid(tmp_path, suite, models))
+    files = dict(suite, copies=script.build_copies(tmp_path / "data", suite))
+    grid = load_grid(script.write_grid(tmp_path, files, models))
     cells = {c.id for c in plan_cells(grid)}
     assert len(cells) == 65 and grid.baseline == "llava" and "suite/llava/xmmmu/letter/ja" in cells
     assert {c for c in cells if "/mmmb/" in c} == {f"suite/{m}/mmmb/{r}/{l}" for m in ("llava", "qwen2-vl")
                                                   for r in ("vlmevalkit", "letter") for l in ("en", "zh")}
-    no_java = {c.id for c in plan_cells(load_grid(script.write_grid(tmp_path, suite, models, java=False)))}
+    # the hub copies it reads: PangeaBench's XM100 (no --subset) and floschne's XM3600 (no --images)
+    argv = {c.id: [a for command in c.commands for a in command.argv] for c in plan_cells(grid)}
+    xm100, retrieval = argv["suite/llava/xm100/en"], argv["suite/clip/xm3600_retrieval/th"]
+    assert str(files["copies"]["xm100"]) in xm100 and "--subset" not in xm100 and "--images" not in retrieval
+    assert str(files["copies"]["xm3600_retrieval"]) in retrieval
+    no_java = {c.id for c in plan_cells(load_grid(script.write_grid(tmp_path, files, models, java=False)))}
     assert "suite/qwen2-vl/xm3600/cider-pyptb/th" in no_java and len(no_java) == 65
     text = (REPO / "docs" / "suite.md").read_text(encoding="utf-8")
     assert "57 ran" in text and "The grid plans 65 cells" in text and [line for line in script.COMMANDS.splitlines() if line not in text] == []

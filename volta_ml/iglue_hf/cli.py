@@ -35,8 +35,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lang", required=True)
     parser.add_argument("--protocol", default="zero-shot", choices=sorted(PROTOCOLS))
     parser.add_argument("--data_root", default=None, help="IGLUE's datasets/ folder (finds the test / _mt file)")
-    parser.add_argument("--annotations", default=None, help="explicit annotation file (overrides --data_root)")
-    parser.add_argument("--images", required=True, help="image root folder")
+    parser.add_argument("--annotations", default=None, help="explicit annotation file (overrides --data_root), or "
+                        "a hub copy with embedded images (floschne/xvnli, xgqa, marvl: its parquet folder or file)")
+    parser.add_argument("--images", default=None, help="image root folder (not for a hub copy: its images are "
+                                                       "embedded)")
     parser.add_argument("--image_template", default=None,
                         help="path of an image under --images with {id} {file} {concept} {lang} "
                              "(default per task: " + ", ".join(f"{k}: {v}" for k, v in DEFAULT_TEMPLATES.items()) + ")")

@@ -5,18 +5,26 @@ The field rules are the zoo loaders' (`volta_ml/tasks/*.py`): XVNLI keeps `sente
 answer); MaRVL reads `caption`, `left_img`, `right_img`, `label` (a JSON boolean), and NLVR2's own rows
 (`identifier`, `sentence`, `label` "True"/"False", the English training data of MaRVL); retrieval (xFlickr&CO, WIT)
 keeps every caption with the index of its image, images unique in file order.
+
+floschne's hub copies of XVNLI, xGQA and MaRVL (`floschne/xvnli`, `floschne/xgqa`, `floschne/marvl`: parquet, a
+split per language, images embedded, no region features; the way current-model papers run IGLUE) are read by
+`read_copy` through one row per task of `COPIES` (docs/hf_models.md: which field is which, and what differs from
+IGLUE's own files); their images come from the parquet cells (`images.ParquetSource`).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from volta_ml.data.annotations import AnnotationError, read_jsonl, require
+from volta_ml.engine.failures import UsageError
 from volta_ml.tasks import visual_entailment
 from volta_ml.tasks.gqa import read_question_dict
 from volta_ml.tasks.retrieval import key_candidates, row_captions
 
-from .images import ImageRef
+from .images import ImageRef, ParquetSource
+from .parquet import ParquetCells, ReleaseError, image_bytes, parquet_rows, parquet_shards
 
 
 @dataclass
@@ -108,3 +116,67 @@ def image_refs(task_data) -> list[ImageRef]:
     if isinstance(task_data, RetrievalData):
         return list(task_data.images)
     return [ref for example in task_data for ref in example.images]
+
+
+# --- floschne's hub copies ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CopySchema:
+    """Which columns of a hub copy hold what IGLUE's file holds."""
+    text: str                      # the statement / hypothesis / question
+    translated: str | None         # the English machine translation (translate-test), where the copy has one
+    label: str                     # the gold label / answer
+    images: tuple[str, ...]        # image cells, in prompt order
+    image_ids: tuple[str, ...]     # the image id of each image cell
+    ids: tuple[str, ...] = ()      # the example id: the first of these columns present (else the row's position)
+    concept: str | None = None     # MaRVL's concept (an ImageRef field)
+
+
+COPIES = {
+    "xvnli": CopySchema("hypothesis", None, "label", ("image",), ("flikr30k_id",), ("pairID", "pair_id", "id")),
+    "xgqa": CopySchema("question", None, "answer", ("image",), ("image_id",), ("question_id", "id")),
+    "marvl": CopySchema("hypothesis", "hypo_en", "label", ("left_img", "right_img"), ("left_img_id", "right_img_id"),
+                        ("id",), concept="concept"),
+}
+_LABELS = {"xvnli": lambda v: str(v) if str(v) in visual_entailment.LABELS else None,
+           "xgqa": lambda v: str(v) if str(v).strip() else None,
+           "marvl": lambda v: ("true" if v else "false") if isinstance(v, bool) or v in (0, 1) else None}
+
+
+def read_copy(task: str, root, lang: str, translated: bool = False) -> tuple[list[Example], ParquetSource]:
+    """The examples of split `lang` of a hub copy (a parquet file or folder, its card's `configs` read) and the
+    source of their embedded images. `translated`: the copy's English machine translation as the text
+    (translate-test)."""
+    if task not in COPIES:
+        raise UsageError(f"{task}: no hub copy with embedded images is read for this task (known: {', '.join(COPIES)});"
+                         " give IGLUE's annotation file and --images")
+    schema = COPIES[task]
+    if translated and schema.translated is None:
+        raise UsageError(f"{task}: the hub copy has no English translations; translate-test needs IGLUE's _mt file")
+    column = schema.translated if translated else schema.text
+    shards = parquet_shards(Path(root), lang)
+    examples, index = [], {}
+    for s, shard in enumerate(shards):
+        for row, record in parquet_rows(shard, [column, schema.label, *schema.images, *schema.image_ids]):
+            where = f"{shard} row {row}"
+            label = _LABELS[task](record[schema.label])
+            if label is None:
+                raise ReleaseError(f"{where}: {schema.label} {record[schema.label]!r} is not a {task} label")
+            refs = []
+            for cell, id_column in zip(schema.images, schema.image_ids):
+                if image_bytes(record[cell]) is None:
+                    raise ReleaseError(f"{where}: {cell} holds no image bytes")
+                image_id = str(record[id_column]).strip()
+                if not image_id:
+                    raise ReleaseError(f"{where}: {id_column} is empty")
+                ref = ImageRef(image_id, concept=str(record.get(schema.concept) or "") if schema.concept else "",
+                               lang=lang)
+                index.setdefault(ref, (s, row, cell))
+                refs.append(ref)
+            text = record[column]
+            if not isinstance(text, str) or not text.strip():
+                raise ReleaseError(f"{where}: {column} must be a non-empty text, got {text!r}"[:200])
+            key = next((str(record[c]) for c in schema.ids if record.get(c) not in (None, "")), str(len(examples)))
+            examples.append(Example(key, tuple(refs), text, label, row + 1))
+    if not examples:
+        raise ReleaseError(f"{root}: no {task} example in split {lang!r}")
+    return examples, ParquetSource(ParquetCells(shards), index)

@@ -13,6 +13,7 @@ it is `UnreadableImageError`, one line naming the file.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import numpy as np
 from PIL import Image
 
 from volta_ml.engine.failures import UsageError
+
+from .parquet import ParquetCells, image_bytes
 
 DEFAULT_TEMPLATES = {
     "xvnli": "{id}.jpg",                       # Flickr30k images (flickr30k-images/)
@@ -107,6 +110,56 @@ class ImageSource:
         from volta_ml.hf.photos import failed_in
 
         return failed_in(reasons, [[str(self.path(ref)) for ref in refs] for refs in refs_per_row])
+
+    def digest(self, refs) -> dict:
+        """The resume key of the images: root, template, and every file's size and mtime."""
+        from volta_ml.digest import stat_digest
+
+        return {"images": os.path.abspath(self.root), "template": self.template,
+                "images_stat": stat_digest([self.path(r) for r in dict.fromkeys(refs)], str(self.root))}
+
+
+class ParquetSource:
+    """`ImageSource`'s interface over images embedded in parquet cells (floschne's IGLUE copies): `index` maps each
+    `ImageRef` to its cell (shard index, row, column); an image is named `<shard> row <r> column <c>`. Scoring
+    only: an undecodable cell comes back as None and is listed in `failed`."""
+
+    template = "embedded (parquet cells)"
+
+    def __init__(self, cells: ParquetCells, index: dict):
+        self.cells, self.index = cells, dict(index)
+        self.shards = cells.shards
+        self.root = Path(os.path.commonpath([str(s.parent) for s in self.shards]))
+        self.failed: dict[str, str] = {}
+
+    def name(self, ref: ImageRef) -> str:
+        return self.cells.name(*self.index[ref])
+
+    def check(self, refs, annotation: str) -> None:
+        """Every ref was made from a cell that holds bytes (`data.read_copy`): nothing is left to check."""
+
+    def load(self, ref: ImageRef) -> Image.Image | None:
+        import io
+
+        from volta_ml.hf.photos import decode_photo
+
+        data = image_bytes(self.cells.cell(*self.index[ref])) or b""
+        return decode_photo(lambda: Image.open(io.BytesIO(data)), self.name(ref), failed=self.failed)
+
+    def failures(self, refs_per_row) -> np.ndarray:
+        from volta_ml.hf.photos import failure_rows
+
+        return failure_rows(self.failed, [[self.name(ref) for ref in refs] for refs in refs_per_row])
+
+    def failed_paths(self, reasons: np.ndarray, refs_per_row) -> dict[str, str]:
+        from volta_ml.hf.photos import failed_in
+
+        return failed_in(reasons, [[self.name(ref) for ref in refs] for refs in refs_per_row])
+
+    def digest(self, refs) -> dict:
+        from volta_ml.digest import file_digest
+
+        return {"image_shards": [file_digest(str(s)) for s in self.shards]}
 
 
 def side_by_side(left: Image.Image | None, right: Image.Image | None, gap: int = 0) -> Image.Image:

@@ -20,14 +20,13 @@ sharded over ranks and resumable by chunks, and writes on rank 0:
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from volta_ml.atomic import atomic_write_json
-from volta_ml.digest import content_fingerprint, file_digest, stat_digest
+from volta_ml.digest import content_fingerprint, file_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
 from volta_ml.hf.export import status as export_status
@@ -36,20 +35,21 @@ from volta_ml.hf.photos import failure_line
 from volta_ml.options import complete_options
 from volta_ml.protocols.iglue import TASKS
 
-from .data import image_refs, read_task
+from .data import image_refs, read_copy, read_task
+from .parquet import is_parquet_release
 from .images import DEFAULT_TEMPLATES, ImageSource
 from .prompts import PROMPTS_VERSION
 from .scoring import DEFAULT_RULES
 from .tasks import check_capable, run_generative, run_retrieval
 
 PROTOCOLS = {"zero-shot": "zero_shot", "translate-test": "translate_test"}
-DEFAULTS = {"rule": None, "annotations": None, "data_root": None, "image_template": None, "batch_size": 8,
-            "chunk_size": 64, "max_new_tokens": 10, "marvl_layout": "auto", "name": None, "revision": None,
-            "dtype": "fp32", "device": "cpu", "device_map": None, "work_dir": None, "no_resume": False,
-            "keep_chunks": False, "record": True, "progress": True, "vocabulary": None, "local_rank": -1,
-            "extra": None, "allow_missing_keys": False, "text_base": None, "adapter": None,
+DEFAULTS = {"rule": None, "annotations": None, "data_root": None, "images": None, "image_template": None,
+            "batch_size": 8, "chunk_size": 64, "max_new_tokens": 10, "marvl_layout": "auto", "name": None,
+            "revision": None, "dtype": "fp32", "device": "cpu", "device_map": None, "work_dir": None,
+            "no_resume": False, "keep_chunks": False, "record": True, "progress": True, "vocabulary": None,
+            "local_rank": -1, "extra": None, "allow_missing_keys": False, "text_base": None, "adapter": None,
             "allow_adapter_base_mismatch": False}
-REQUIRED = ("task", "backend", "model", "lang", "protocol", "images", "output_dir")
+REQUIRED = ("task", "backend", "model", "lang", "protocol", "output_dir")
 
 
 def annotation_path(task: str, lang: str, protocol: str, data_root: str | None, explicit: str | None) -> str:
@@ -94,17 +94,23 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
     if opts["allow_adapter_base_mismatch"] and not opts["adapter"]:
         raise UsageError("--allow_adapter_base_mismatch: no --adapter to apply")
     annotation = annotation_path(task, lang, protocol, opts["data_root"], opts["annotations"])
-    data = read_task(task, annotation, lang)
-    source = ImageSource(opts["images"], opts["image_template"] or DEFAULT_TEMPLATES[task], scoring=True)
+    if is_parquet_release(Path(annotation), "*.json*"):     # a hub copy (floschne/...): its images are embedded
+        data, source = read_copy(task, annotation, lang, translated=protocol == "translate-test")
+        annotation_digest = [file_digest(str(s)) for s in source.shards]
+    else:
+        if not opts["images"]:
+            raise UsageError("give --images (the image root folder); only a hub copy with embedded images (a "
+                             "parquet folder or file as --annotations) needs none")
+        data = read_task(task, annotation, lang)
+        source = ImageSource(opts["images"], opts["image_template"] or DEFAULT_TEMPLATES[task], scoring=True)
+        annotation_digest = file_digest(annotation)
     source.check(image_refs(data), annotation)
     out_dir = Path(opts["output_dir"])
     split = f"test_{lang}" + ("_mt" if protocol == "translate-test" else "")
     work_dir = opts["work_dir"] or str(out_dir / f"{split}_chunks")
-    fingerprint = {"format": 3, "task": task, "rule": rule, "annotations": file_digest(annotation),
-                   "images": os.path.abspath(opts["images"]), "template": source.template,
-                   "images_stat": stat_digest([source.path(r) for r in dict.fromkeys(image_refs(data))],
-                                              opts["images"]),
-                   "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
+    fingerprint = {"format": 3, "task": task, "rule": rule, "annotations": annotation_digest,
+                   **source.digest(image_refs(data)), "model": opts["model"], "revision": opts["revision"],
+                   "dtype": opts["dtype"],
                    "backend": opts["backend"], "prompts": PROMPTS_VERSION, "batch_size": opts["batch_size"],
                    "extra": opts["extra"] or {}, "adapter": opts["adapter"], **model_contents(opts)}
     if opts["allow_adapter_base_mismatch"]:   # added later: in the key only when set, so older runs resume
@@ -138,7 +144,7 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
                      "extra": opts["extra"] or {}, "adapter": opts["adapter"],
                      **({"allow_adapter_base_mismatch": True} if opts["allow_adapter_base_mismatch"] else {})},
             "rule": rule, "prompts_version": PROMPTS_VERSION, "annotations": annotation,
-            "image_root": str(opts["images"]), "image_template": source.template, "split": split,
+            "image_root": str(opts["images"] or source.root), "image_template": source.template, "split": split,
             "world_size": info.world_size, "seconds": round(seconds, 3), **result,
         }
         accepted = loading_report(backend)

@@ -23,11 +23,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lang", required=True, help="a language code of the benchmark (docs/suite.md; "
                                                       "vlmevalkit_mcq: any code, the label of the --data TSV)")
     parser.add_argument("--data", required=True,
-                        help="the released file or folder, or a hub dataset id in the local Hugging Face cache "
-                             "(nothing is downloaded); vlmevalkit_mcq: the TSV, or a folder of <name>_<lang>.tsv")
+                        help="the released file or folder, a parquet copy of it (PangeaBench's maxm / xm100 / m3exam, "
+                             "floschne/xm3600), or a hub dataset id in the local Hugging Face cache (nothing is "
+                             "downloaded); vlmevalkit_mcq: the TSV, or a folder of <name>_<lang>.tsv")
     parser.add_argument("--data_revision", default=None, help="the cached snapshot of a hub dataset id")
-    parser.add_argument("--split", default=None, help="parquet releases: the split (MTVQA: test, xMMMU: the "
-                                                      "language, Kaleidoscope: train)")
+    parser.add_argument("--split", default=None, help="parquet releases: the split, from the dataset card's configs "
+                                                      "where it has them (MTVQA: test, xMMMU and the copies: the "
+                                                      "language, Kaleidoscope: train, MaXM's copy: <lang>_yesno too)")
     parser.add_argument("--images", default=None,
                         help="image folder (MaXM / XM3600: XM3600's images; M3Exam: images-<language>/; "
                              "Kaleidoscope: final_data/ or data.zip); parquet releases carry their images")

@@ -1,20 +1,20 @@
 """What the suite's readers produce: items (one question, or one image to caption) of one language, with the
-store their images come from, and the helpers they share (finding the released files, reading parquet shards
-row by row with the row named in every error).
+store their images come from, and the helpers they share (the released files' fields; finding and reading
+parquet releases is `iglue_hf/parquet.py`, which IGLUE's hub copies share).
 
 `--data` is the released file or folder, or a hub dataset id (`ByteDance/MTVQA`) resolved offline in the local
 Hugging Face cache (`cvqa.data.resolve_data`: nothing is downloaded)."""
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from volta_ml.data.annotations import AnnotationError
+from volta_ml.iglue_hf.parquet import (ReleaseError, card_splits, image_bytes, is_parquet_release,  # noqa: F401
+                                       parquet_rows, parquet_shards, split_of)
 
 
-class SuiteDataError(AnnotationError):
+class SuiteDataError(ReleaseError):
     """A released file that is not in the benchmark's schema; the message names the file, row / item and field."""
 
 
@@ -44,57 +44,6 @@ def resolve(data: str, revision: str | None = None) -> Path:
     from volta_ml.cvqa.data import resolve_data
 
     return Path(resolve_data(data, revision))
-
-
-def parquet_shards(root: Path, split: str | None = None) -> list[Path]:
-    """The parquet shards of `root` (a file or a folder), restricted to `split` by the Hugging Face naming
-    (`<split>-00000-of-00001.parquet`, `<split>.parquet` or a `<split>/` folder) when given."""
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root}: no such file or folder")
-    shards = sorted(root.rglob("*.parquet"))
-    if not shards:
-        raise FileNotFoundError(f"{root}: no *.parquet shards below this folder")
-    if split is None:
-        return shards
-    named = [s for s in shards if split_of(s) == split or s.parent.name == split]
-    if not named:
-        raise SuiteDataError(f"{root}: no parquet shard of split {split!r}; found {sorted({split_of(s) for s in shards})}")
-    return named
-
-
-def split_of(shard: Path) -> str:
-    """`test-00000-of-00001.parquet` -> `test`."""
-    return re.sub(r"(-\d{5}-of-\d{5})?$", "", shard.stem)
-
-
-def parquet_rows(shard: Path, columns: list[str] | None = None):
-    """(row index, record) of every row of `shard`; a damaged shard is one error naming it."""
-    import pyarrow.parquet as pq
-
-    try:
-        names = pq.read_schema(shard).names
-        if columns is not None:
-            missing = [c for c in columns if c not in names]
-            if missing:
-                raise SuiteDataError(f"{shard}: missing column(s) {missing}; found {names}")
-        row = 0
-        for batch in pq.ParquetFile(shard).iter_batches(batch_size=64):
-            for record in batch.to_pylist():
-                yield row, record
-                row += 1
-    except (OSError, ValueError) as err:
-        if isinstance(err, (SuiteDataError, FileNotFoundError)):
-            raise
-        raise SuiteDataError(f"{shard}: damaged parquet shard ({type(err).__name__}: "
-                             f"{(str(err).strip().splitlines() or [''])[0]})") from None
-
-
-def image_bytes(cell) -> bytes | None:
-    """The bytes of a Hugging Face `Image` cell ({bytes, path} or raw bytes); None when it holds none."""
-    data = cell.get("bytes") if isinstance(cell, dict) else cell
-    return data or None
 
 
 def literal_list(value, where: str, column: str) -> list:

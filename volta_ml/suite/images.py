@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import io
 import zipfile
-from collections import OrderedDict
 from pathlib import Path
 
 from PIL import Image
 
 from volta_ml.digest import file_digest, stat_digest
-from volta_ml.iglue_hf.images import SHOWN_MISSING, ImageRef, ImageSource, MissingImagesError
+from volta_ml.iglue_hf.images import SHOWN_MISSING, ImageRef, ImageSource, MissingImagesError, ParquetSource
+
+from volta_ml.iglue_hf.parquet import ParquetCells, image_bytes
 
 
 class _Decoding:
@@ -87,48 +88,30 @@ class FileImages(_Decoding):
 
 
 class ParquetImages(_Decoding):
-    """Images embedded in parquet shards (the Hugging Face `Image` feature: a struct {bytes, path}); a key is
-    (shard index, row, column). A row group is read when one of its images is loaded (the last two are kept)."""
+    """Images embedded in parquet shards (the Hugging Face `Image` feature or a plain struct {bytes, path}, or a
+    base64 string: `image_bytes`); a key is (shard index, row, column), read through `iglue_hf.parquet.ParquetCells`
+    (a row group at a time)."""
 
     def __init__(self, shards: list[Path]):
         self.shards = list(shards)
+        self.cells = ParquetCells(self.shards)
         self.failed: dict[str, str] = {}
-        self._groups: OrderedDict = OrderedDict()
-        self._starts: dict[int, list[int]] = {}
+        self.refs: dict = {}          # ImageRef -> key, for the retrieval loop (`source`)
 
-    def _row_group(self, shard: int, row: int) -> tuple[int, int]:
-        import pyarrow.parquet as pq
-
-        if shard not in self._starts:
-            meta = pq.ParquetFile(self.shards[shard]).metadata
-            starts = [0]
-            for g in range(meta.num_row_groups):
-                starts.append(starts[-1] + meta.row_group(g).num_rows)
-            self._starts[shard] = starts
-        starts = self._starts[shard]
-        group = max(g for g in range(len(starts) - 1) if starts[g] <= row)
-        return group, starts[group]
+    @property
+    def source(self) -> ParquetSource:
+        """The images as `iglue_hf.images.ParquetSource` (`ImageSource`'s interface, by `ImageRef`)."""
+        return ParquetSource(self.cells, self.refs)
 
     def check(self, keys, what: str) -> None:
         """The readers only make keys of cells that hold image bytes; nothing is left to check here."""
 
     def name(self, key) -> str:
-        shard, row, column = key
-        return f"{self.shards[shard]} row {row} column {column}"
+        return self.cells.name(*key)
 
     def load(self, key) -> Image.Image | None:
-        import pyarrow.parquet as pq
-
-        shard, row, column = key
-        group, start = self._row_group(shard, row)
-        cache_key = (shard, group, column)
-        if cache_key not in self._groups:
-            self._groups[cache_key] = pq.ParquetFile(self.shards[shard]).read_row_group(group, columns=[column])
-            while len(self._groups) > 2:
-                self._groups.popitem(last=False)
-        cell = self._groups[cache_key].column(0)[row - start].as_py()
-        data = cell.get("bytes") if isinstance(cell, dict) else cell
-        return self._decode(lambda: Image.open(io.BytesIO(data)), key)
+        data = image_bytes(self.cells.cell(*key))
+        return self._decode(lambda: Image.open(io.BytesIO(data or b"")), key)
 
     def digest(self, keys) -> dict:
         return {"image_shards": [file_digest(str(s)) for s in self.shards]}

@@ -40,8 +40,8 @@ from volta_ml.data.annotations import read_json, read_jsonl, read_text
 from volta_ml.iglue_hf.data import RetrievalData
 from volta_ml.iglue_hf.images import ImageRef, MissingImagesError
 
-from .data import (Item, SuiteDataError, TaskData, image_bytes, literal_list, parquet_rows, parquet_shards, split_of,
-                   text, texts)
+from .data import (Item, ReleaseError, SuiteDataError, TaskData, image_bytes, is_parquet_release, literal_list,
+                   parquet_rows, parquet_shards, split_of, text, texts)
 from .images import Base64Images, FileImages, ParquetImages, ZipImages
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -67,6 +67,8 @@ def _image_root(opts: dict, default: Path | None, what: str) -> Path:
 
 # --- MaXM -----------------------------------------------------------------------------------------------------
 def read_maxm(root: Path, lang: str, opts: dict) -> TaskData:
+    if is_parquet_release(root, "maxm_v1_*.json"):
+        return _maxm_parquet(root, lang, opts)
     path = _file(root, [f"maxm_v1_{lang}.json"], f"MaXM file of language {lang!r} (maxm_v1_{lang}.json)")
     data = read_json(path, "MaXM file")
     if not isinstance(data, dict) or not isinstance(data.get("annotations"), list):
@@ -86,35 +88,85 @@ def read_maxm(root: Path, lang: str, opts: dict) -> TaskData:
             items.append(Item(id=text(pair, "question_id", at), lang=lang, question=text(pair, "question", at).strip(),
                               images=(image_id,), references=texts(pair, "answers", at),
                               meta={"processed_answers": list(texts(pair, "processed_answers", at)),
-                                    "is_collection": pair.get("is_collection")}))
+                                    "is_collection": pair.get("is_collection"), "image_id": image_id}))
     store = FileImages(_image_root(opts, None, "MaXM (XM3600's images)"), "{id}.jpg")
     return TaskData(items, store, [path])
 
 
+def _maxm_parquet(root: Path, lang: str, opts: dict) -> TaskData:
+    """PangeaBench's copy (neulab/PangeaBench-maxm, the same files as floschne/maxm): one row per question, split
+    `<lang>` (and `<lang>_yesno`, by --split), `image_id`, `image` (a struct {bytes, path}), `question_id`,
+    `question`, `answers`, `processed_answers`, `language`, `is_collection`; the same items as `maxm_v1_<lang>.json`."""
+    shards = parquet_shards(root, opts.get("split") or lang)
+    items = []
+    for s, shard in enumerate(shards):
+        for row, record in parquet_rows(shard, ["image_id", "image", "question_id", "question", "answers",
+                                                "processed_answers"]):
+            where = f"{shard} row {row}"
+            if image_bytes(record["image"]) is None:
+                raise SuiteDataError(f"{where}: the image holds no bytes")
+            items.append(Item(id=text(record, "question_id", where), lang=lang,
+                              question=text(record, "question", where).strip(), images=((s, row, "image"),),
+                              references=texts(record, "answers", where),
+                              meta={"processed_answers": list(texts(record, "processed_answers", where)),
+                                    "is_collection": record.get("is_collection"),
+                                    "image_id": text(record, "image_id", where)}))
+    if not items:
+        raise SuiteDataError(f"{root}: no MaXM questions in split {opts.get('split') or lang!r}")
+    return TaskData(items, ParquetImages(shards), shards)
+
+
 # --- XM3600 / XM100 -------------------------------------------------------------------------------------------
 def _xm3600(root: Path, lang: str, opts: dict):
-    path = _file(root, ["captions.jsonl"], "XM3600 captions (captions.jsonl)")
-    found, skipped, langs = [], Counter(), set()
-    for line_no, row in read_jsonl(path, "XM3600 captions"):
-        where = f"{path}:{line_no}"
-        key = text(row, "image/key", where)
-        langs |= {k for k, v in row.items() if isinstance(v, dict)}
-        entry = row.get(lang)
-        if entry is None:
-            skipped[f"no {lang} captions"] += 1
-            continue
-        if not isinstance(entry, dict):
-            raise SuiteDataError(f"{where}: {lang} must be an object with a 'caption' list")
-        found.append((key, texts(entry, "caption", f"{where} {lang}")))
-    if not found:
-        raise SuiteDataError(f"{path}: no captions in language {lang!r} (languages found: {', '.join(sorted(langs))})")
+    """(image key, captions, image store key) of every image with captions in `lang`, the store, the files read,
+    what was skipped: from captions.jsonl and its image folder, or from floschne/xm3600 (parquet)."""
+    if is_parquet_release(root, "captions.jsonl"):
+        found, store, files = _xm3600_parquet(root, lang, opts)
+        skipped = Counter()
+    else:
+        path = _file(root, ["captions.jsonl"], "XM3600 captions (captions.jsonl)")
+        found, skipped, langs = [], Counter(), set()
+        for line_no, row in read_jsonl(path, "XM3600 captions"):
+            where = f"{path}:{line_no}"
+            key = text(row, "image/key", where)
+            langs |= {k for k, v in row.items() if isinstance(v, dict)}
+            entry = row.get(lang)
+            if entry is None:
+                skipped[f"no {lang} captions"] += 1
+                continue
+            if not isinstance(entry, dict):
+                raise SuiteDataError(f"{where}: {lang} must be an object with a 'caption' list")
+            found.append((key, texts(entry, "caption", f"{where} {lang}"), key))
+        if not found:
+            raise SuiteDataError(f"{path}: no captions in language {lang!r} (languages found: "
+                                 f"{', '.join(sorted(langs))})")
+        store = FileImages(_image_root(opts, path.parent / "images", "XM3600"), "{id}.jpg")
+        files = [path]
     if opts.get("subset"):
-        subset = _subset(Path(opts["subset"]), {k for k, _ in found}, path)
+        subset = _subset(Path(opts["subset"]), {k for k, _, _ in found}, files[0] if len(files) == 1 else root)
         skipped["not in --subset"] = len(found) - len(subset)
-        found = [(k, c) for k, c in found if k in subset]
-    store = FileImages(_image_root(opts, path.parent / "images", "XM3600"), "{id}.jpg")
-    files = [path] + ([Path(opts["subset"])] if opts.get("subset") else [])
+        found = [f for f in found if f[0] in subset]
+        files = files + [Path(opts["subset"])]
     return found, store, files, dict(skipped)
+
+
+def _xm3600_parquet(root: Path, lang: str, opts: dict):
+    """floschne/xm3600: a split per language (`fil` for Filipino, as XM3600), one row per image: `image_id` (the
+    image/key), `image_locale`, `captions` (list; `captions_tokenized`, `captions_tokenized_lowercase` unread),
+    `image` (embedded)."""
+    shards = parquet_shards(root, opts.get("split") or lang)
+    found = []
+    for s, shard in enumerate(shards):
+        for row, record in parquet_rows(shard, ["image_id", "captions", "image"]):
+            where = f"{shard} row {row}"
+            key = text(record, "image_id", where)
+            if image_bytes(record["image"]) is None:
+                raise SuiteDataError(f"{where} (image_id {key!r}): the image holds no bytes")
+            found.append((key, texts(dict(record, captions=list(record["captions"] or [])), "captions", where),
+                          (s, row, "image")))
+    if not found:
+        raise SuiteDataError(f"{root}: no XM3600 captions in split {(opts.get('split') or lang)!r}")
+    return found, ParquetImages(shards), shards
 
 
 def _subset(path: Path, known: set[str], captions: Path) -> set[str]:
@@ -132,29 +184,60 @@ def _subset(path: Path, known: set[str], captions: Path) -> set[str]:
 
 def read_xm3600(root: Path, lang: str, opts: dict) -> TaskData:
     found, store, files, skipped = _xm3600(root, lang, opts)
-    return TaskData([Item(id=k, lang=lang, images=(k,), references=caps) for k, caps in found], store, files, skipped)
+    return TaskData([Item(id=k, lang=lang, images=(image,), references=caps, meta={"image_id": k})
+                     for k, caps, image in found], store, files, skipped)
 
 
 def read_xm100(root: Path, lang: str, opts: dict) -> TaskData:
+    """XM3600 (captions.jsonl or floschne/xm3600) restricted by --subset to PangeaBench's 100 image keys, or
+    PangeaBench's own copy (neulab/PangeaBench-xm100), already those 100."""
     if not opts.get("subset"):
+        if is_parquet_release(root, "captions.jsonl"):
+            return _xm100_parquet(root, lang, opts)
         raise SuiteDataError("xm100: give --subset, the file of the 100 XM3600 image keys PangeaBench evaluates on "
-                             "(one per line; the image_id column of neulab/PangeaBench-xm100)")
+                             "(one per line; the image_id column of neulab/PangeaBench-xm100), or --data that copy")
     return read_xm3600(root, lang, opts)
+
+
+def _xm100_parquet(root: Path, lang: str, opts: dict) -> TaskData:
+    """PangeaBench's copy (neulab/PangeaBench-xm100): split `<lang>`, one row per caption (`image_id`: XM3600's
+    hex key, `image`, `caption`: one string); the rows of one image are its references, in row order, and the
+    image is read from its first row. The same items as captions.jsonl restricted to its 100 keys (--subset)."""
+    shards = parquet_shards(root, opts.get("split") or lang)
+    first: dict[str, tuple] = {}
+    captions: dict[str, list[str]] = {}
+    for s, shard in enumerate(shards):
+        for row, record in parquet_rows(shard, ["image_id", "image", "caption"]):
+            where = f"{shard} row {row}"
+            key = text(record, "image_id", where)
+            if key not in first:
+                if image_bytes(record["image"]) is None:
+                    raise SuiteDataError(f"{where} (image_id {key!r}): the image holds no bytes")
+                first[key] = (s, row, "image")
+            captions.setdefault(key, []).append(text(record, "caption", where))
+    if not first:
+        raise SuiteDataError(f"{root}: no XM100 captions in split {opts.get('split') or lang!r}")
+    items = [Item(id=k, lang=lang, images=(first[k],), references=tuple(captions[k]), meta={"image_id": k})
+             for k in first]
+    return TaskData(items, ParquetImages(shards), shards)
 
 
 def read_xm3600_retrieval(root: Path, lang: str, opts: dict) -> TaskData:
     found, store, files, skipped = _xm3600(root, lang, opts)
-    data = RetrievalData(images=[ImageRef(k) for k, _ in found], captions=[])
-    for index, (_, caps) in enumerate(found):
+    data = RetrievalData(images=[ImageRef(k) for k, _, _ in found], captions=[])
+    for index, (_, caps, _) in enumerate(found):
         data.captions.extend(caps)
         data.caption_image.extend([index] * len(caps))
-    items = [Item(id=k, lang=lang, images=(k,), references=caps) for k, caps in found]
+    if isinstance(store, ParquetImages):       # the retrieval loop reads images by ImageRef
+        store.refs = {ImageRef(k): image for k, _, image in found}
+    items = [Item(id=k, lang=lang, images=(image,), references=caps, meta={"image_id": k}) for k, caps, image in found]
     return TaskData(items, store, files, skipped, retrieval=data)
 
 
 # --- MTVQA ----------------------------------------------------------------------------------------------------
 MTVQA_NAMES = {"arabic": "ar", "german": "de", "french": "fr", "italian": "it", "japanese": "ja", "korean": "ko",
-               "russian": "ru", "thai": "th", "vietnamese": "vi"}
+               "russian": "ru", "thai": "th", "vietnamese": "vi",
+               "kr": "ko"}      # Korean as Centurio's configs and other ports write it (the card's table says KO)
 
 
 def read_mtvqa(root: Path, lang: str, opts: dict) -> TaskData:
@@ -165,11 +248,8 @@ def read_mtvqa(root: Path, lang: str, opts: dict) -> TaskData:
             where = f"{shard} row {row}"
             raw = text(record, "lang", where).strip()
             code = MTVQA_NAMES.get(raw.lower(), raw.lower())
-            if code not in MTVQA_NAMES.values():
-                raise SuiteDataError(f"{where}: lang {raw!r} is not one of MTVQA's languages "
-                                     f"({', '.join(MTVQA_NAMES.values())})")
             langs.add(code)
-            if code != lang:
+            if code != lang:      # another language (one MTVQA does not have included) never stops the run
                 continue
             if image_bytes(record["image"]) is None:
                 raise SuiteDataError(f"{where}: the image holds no bytes")
@@ -270,9 +350,40 @@ def m3exam_gold(answer: str, labels: list[str | None], where: str) -> int:
     raise SuiteDataError(f"{where}: answer_text {answer!r} names none of the {n} options (labels {labels})")
 
 
+def _m3exam_item(q: dict, i: int, name: str, lang: str, where: str) -> tuple[Item, list[str]]:
+    """One M3Exam question (the release's fields) as an item, and the image files its texts show, in the order
+    their `<image k>` placeholders are numbered (background, question, options)."""
+    background = q.get("background_description") or []
+    if isinstance(background, str):
+        background = literal_list(background, where, "background_description")
+    if not isinstance(background, list) or not all(isinstance(b, str) for b in background):
+        raise SuiteDataError(f"{where}: background_description must be a list of strings")
+    options = q.get("options")
+    if isinstance(options, str):
+        options = literal_list(options, where, "options")
+    labels, bodies = zip(*(split_option(o) for o in texts(dict(q, options=options), "options", where)))
+    gold = m3exam_gold(text(q, "answer_text", where), list(labels), where)
+    files: list[str] = []
+
+    def mark(s: str) -> str:
+        def sub(match):
+            files.append(match.group(1).strip())
+            return f"<image {list(dict.fromkeys(files)).index(match.group(1).strip()) + 1}>"
+        return M3EXAM_IMAGE.sub(sub, s)
+    background_text = "\n".join(mark(b) for b in background)
+    question = mark(text(q, "question_text", where))
+    shown = tuple(mark(b) for b in bodies)
+    item = Item(id=str(q.get("id") or f"{name}-{i}"), lang=lang, question=question, options=shown, answer=gold,
+                meta={"background": background_text, "subject_category": q.get("subject_category"),
+                      "level": q.get("level"), "answer_text": q.get("answer_text")})
+    return item, list(dict.fromkeys(files))
+
+
 def read_m3exam(root: Path, lang: str, opts: dict) -> TaskData:
     name = M3EXAM_NAMES[lang]
     file = f"{name}-questions-image.json"
+    if is_parquet_release(root, "*-questions-image.json"):
+        return _m3exam_parquet(root, lang, name, opts)
     path = _file(root, [file, f"multimodal-questions/{file}", f"data/multimodal-questions/{file}"],
                  f"M3Exam multimodal questions of {name} ({file})")
     questions = read_json(path, "M3Exam file")
@@ -285,29 +396,50 @@ def read_m3exam(root: Path, lang: str, opts: dict) -> TaskData:
         where = f"{path}: question {i}"
         if not isinstance(q, dict):
             raise SuiteDataError(f"{where}: expected an object")
-        background = q.get("background_description") or []
-        if not isinstance(background, list) or not all(isinstance(b, str) for b in background):
-            raise SuiteDataError(f"{where}: background_description must be a list of strings")
-        labels, bodies = zip(*(split_option(o) for o in texts(q, "options", where)))
-        gold = m3exam_gold(text(q, "answer_text", where), list(labels), where)
-        files: list[str] = []
-
-        def mark(s: str) -> str:
-            def sub(match):
-                files.append(match.group(1).strip())
-                return f"<image {list(dict.fromkeys(files)).index(match.group(1).strip()) + 1}>"
-            return M3EXAM_IMAGE.sub(sub, s)
-        background_text = "\n".join(mark(b) for b in background)
-        question = mark(text(q, "question_text", where))
-        options = tuple(mark(b) for b in bodies)
-        items.append(Item(id=str(q.get("id") or f"{name}-{i}"), lang=lang, question=question, options=options,
-                          answer=gold, images=tuple(dict.fromkeys(files)),
-                          meta={"background": background_text, "subject_category": q.get("subject_category"),
-                                "level": q.get("level"), "answer_text": q.get("answer_text")}))
+        item, files = _m3exam_item(q, i, name, lang, where)
+        item.images = tuple(files)
+        items.append(item)
     if not items:
         raise SuiteDataError(f"{path}: no questions")
     store = FileImages(_image_root(opts, default, "M3Exam"), "{file}")
     return TaskData(items, store, [path])
+
+
+M3EXAM_IMAGE_COLUMNS = 10      # PangeaBench-m3exam: image_0 ... image_9
+
+
+def _m3exam_parquet(root: Path, lang: str, name: str, opts: dict) -> TaskData:
+    """PangeaBench's copy (neulab/PangeaBench-m3exam): M3Exam's fields, one row per question, split by language
+    (its code or M3Exam's name for it: `th` or `thai`; --split names another), with the images a question shows
+    as base64 strings in `image_0` ... `image_9` (the literal "None" where there is none): `image_<k>` is the
+    (k+1)-th distinct `(image)[file]` of the texts, in the order of their `<image k+1>` placeholders."""
+    shards = None
+    for split in ([opts["split"]] if opts.get("split") else [lang, name]):
+        try:
+            shards = parquet_shards(root, split)
+            break
+        except ReleaseError as err:
+            if opts.get("split") or split == name:
+                raise SuiteDataError(f"{err} (M3Exam's {lang} is split {lang!r} or {name!r})") from None
+    items, i = [], 0
+    for s, shard in enumerate(shards):
+        for row, record in parquet_rows(shard, ["question_text", "options", "answer_text"]):
+            where = f"{shard} row {row}"
+            item, files = _m3exam_item(record, i, name, lang, where)
+            keys = []
+            for k, file in enumerate(files):
+                column = f"image_{k}"
+                if k >= M3EXAM_IMAGE_COLUMNS or image_bytes(record.get(column)) is None:
+                    raise SuiteDataError(f"{where}: the question shows (image)[{file}] as <image {k + 1}> but "
+                                         f"{column} holds no image")
+                keys.append((s, row, column))
+            item.images = tuple(keys)
+            item.meta["image_files"] = files
+            items.append(item)
+            i += 1
+    if not items:
+        raise SuiteDataError(f"{root}: no M3Exam questions in split {(opts.get('split') or lang)!r}")
+    return TaskData(items, ParquetImages(shards), shards)
 
 
 # --- Kaleidoscope ---------------------------------------------------------------------------------------------
