@@ -468,9 +468,13 @@ def _named(error: BaseException) -> str:
 class _FromDcp(logging.Filter):
     """Drops the records torch.distributed.checkpoint's modules log through the root logger (its load logs a
     metadata it cannot read as two warnings with tracebacks)."""
-    def filter(self, record: logging.LogRecord) -> bool:
+    def __init__(self):
+        super().__init__()
         import torch.distributed.checkpoint as dcp
-        return not record.pathname.startswith(os.path.dirname(dcp.__file__))
+        self.package = os.path.dirname(dcp.__file__)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.pathname.startswith(self.package)
 
 
 @contextlib.contextmanager
