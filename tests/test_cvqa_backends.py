@@ -240,6 +240,39 @@ def test_import_scores_predictions_made_elsewhere(release, tmp_path, capsys):
     assert results["text_only"] == {}
 
 
+def test_import_counts_an_empty_prediction_wrong_and_says_so(release, tmp_path, capsys):
+    """An empty Prediction (`ID,` or `ID` alone) is what the other harness produced, an answer naming no option:
+    counted wrong (Prediction -1, as an unparsed generated answer; option 0 in the EvalAI submission), the rate in
+    parse_failure_rate, the count in empty_predictions and one stderr line; a condition without one is unchanged."""
+    blank = {0: "", 3: None}                                       # "1001_0," and "2001_0" alone
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_text("ID,Prediction\n" + "".join(f"{r[0]}\n" if blank.get(k, 1) is None else
+                                                 f"{r[0]},{blank.get(k, r[6])}\n" for k, r in enumerate(ROWS)),
+                     encoding="utf-8")
+    good = _csv(tmp_path / "good.csv", [("ID", "Prediction")] + [(r[0], r[6]) for r in ROWS])
+    out = tmp_path / "imported"
+    capsys.readouterr()
+    assert score(release, out, "--backend", "import", "--conditions", "en-aware", "loc-aware",
+                 "--predictions", f"en-aware={mixed}", f"loc-aware={good}") == 0
+    err = capsys.readouterr().err
+    results = json.loads((out / "cvqa_results.json").read_text())
+    # one question at a time: an empty prediction is wrong whatever the label, the others are right (the labels)
+    correct = [k not in blank for k in range(len(ROWS))]
+    assert results["runs"]["en-aware"]["micro"] == pytest.approx(100 * sum(correct) / len(ROWS))
+    assert results["runs"]["loc-aware"]["micro"] == 100.0
+    assert results["empty_predictions"] == {"en-aware": 2, "loc-aware": 0}
+    assert results["parse_failure_rate"] == {"en-aware": round(100 * 2 / len(ROWS), 3)}        # rounded as written
+    with open(out / "predictions_en-aware.csv", encoding="utf-8") as f:
+        predicted = [int(row["Prediction"]) for row in csv.DictReader(f)]
+    assert predicted == [-1 if k in blank else r[6] for k, r in enumerate(ROWS)]
+    with open(out / "submission_en-aware.csv", encoding="utf-8") as f:
+        assert [int(row["Prediction"]) for row in csv.DictReader(f)] == [max(p, 0) for p in predicted]
+    assert [line for line in err.splitlines() if "imported predictions are empty" in line] == [
+        f"CVQA: 2 of {len(ROWS)} imported predictions are empty in {mixed} (first ID {ROWS[0][0]!r}); counted wrong, "
+        f"as answers that named no option (Prediction -1, parse_failure_rate), and in {out / 'cvqa_results.json'} "
+        f"(empty_predictions)"]
+
+
 @pytest.mark.parametrize("rows, message", [
     ([("ID", "Prediction"), ("1001_0", 1), ("9999_0", 2)], "bad.csv line 3: unknown ID '9999_0'"),
     ([("ID", "Prediction"), ("1001_0", 4)], "bad.csv line 2: Prediction '4' for ID '1001_0' is not an option"),

@@ -350,15 +350,39 @@ def test_parts_and_their_learning_rates(inputs):
 @pytest.mark.parametrize("case, expected", [
     ("lora_r", "another model's resume file (saved from model {qwen} (qwen2_vl), LoRA r 4 on q_proj,v_proj"),
     ("ddp_file", "written by a --sharding ddp run (or by VOLTA); resume it with --sharding ddp"),
+    ("metadata", "is damaged or unreadable (.metadata: "),
+    ("distcp", ".distcp: "),
+    ("swapped", "holds another model's tensors: "),
 ])
 def test_a_resume_state_that_does_not_fit_is_one_line(runs, inputs, tmp_path, capsys, case, expected):
+    """Another model's file or state, a DDP run's file, a damaged state (its .metadata overwritten at the start, its
+    data files cut in half) or the folder of another run (the full fine-tuning's) under a LoRA run's resume file:
+    one line, no traceback (torch.distributed.checkpoint logs its own through the root logger)."""
+    import shutil
     from volta_ml.cli import main
     d, _, _ = runs
-    source, extra = ("lora", ["--lora_r", "8"]) if case == "lora_r" else ("lora_ddp", [])
+    source, extra = ("lora", ["--lora_r", "8"]) if case == "lora_r" else ("lora_ddp", []) if case == "ddp_file" \
+        else ("lora", [])
     path = d[source] / "save" / RUN["lora"] / "pytorch_ckpt_latest.tar"
+    if case in ("metadata", "distcp", "swapped"):
+        shutil.copytree(path.parent, tmp_path / "copy", ignore=shutil.ignore_patterns("*.bin", "hf_best"))
+        path = tmp_path / "copy" / path.name
+        folder = path.parent / "pytorch_ckpt_latest.shards" / torch.load(path, weights_only=True)["sharded"]["folder"]
+        if case == "metadata":
+            (folder / ".metadata").write_bytes(b"garbage!" + (folder / ".metadata").read_bytes()[8:])
+        elif case == "distcp":
+            for part in folder.glob("*.distcp"):
+                part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+        else:
+            full = d["full"] / "save" / RUN["full"]
+            shutil.rmtree(folder)
+            shutil.copytree(full / "pytorch_ckpt_latest.shards" /
+                            torch.load(full / "pytorch_ckpt_latest.tar", weights_only=True)["sharded"]["folder"], folder)
     capsys.readouterr()
     code = main(["train", *_argv(inputs, "lora", tmp_path, *FSDP, *extra, "--resume_file", str(path))])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith(f"volta-ml train: error: --resume_file {path}: "), err[-3:]
     assert expected.format(qwen=inputs["qwen"]) in err[-1], err[-1]
+    assert not any("Traceback" in line or "metadata is not found" in line for line in err), err
+    assert "does not fit" not in err[-1]
     assert not (tmp_path / "save" / RUN["lora"] / "pytorch_model_0.bin").exists()

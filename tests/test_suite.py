@@ -199,7 +199,8 @@ def test_resume_equals_uninterrupted(suite, tmp_path):
 
 def test_imported_answers_are_rescored_by_the_rule(suite, tmp_path, capsys):
     """`--backend import`: another run's generated answers, scored by the task's rules (here: every MaXM rule
-    on the answers of one generation), equal to scoring them at generation time; an empty one is refused."""
+    on the answers of one generation), equal to scoring them at generation time; a record without a prediction, or
+    with one that is not text, is refused."""
     generated = run_suite(options(suite, "maxm", "en", tmp_path / "gen"), backend=backend_for("maxm"))
     rows = [json.loads(l) for l in (tmp_path / "gen/predictions.jsonl").read_text().splitlines()]
     answers = tmp_path / "answers.jsonl"
@@ -213,15 +214,65 @@ def test_imported_answers_are_rescored_by_the_rule(suite, tmp_path, capsys):
     assert generated["metrics"] == run_suite(options(suite, "maxm", "en", tmp_path / "exact2", backend="import",
                                                      predictions=str(answers)))["metrics"]
     assert 0 < generated["metrics"]["score"] < 100
-    answers.write_text("".join(json.dumps({"id": r["id"], "prediction": "" if k == 1 else r["generated"]}) + "\n"
-                               for k, r in enumerate(rows)))
-    capsys.readouterr()
     data, more = data_of(suite, "maxm")
-    code, err = _cli(["--task", "maxm", "--lang", "en", "--data", data, "--images", more["images"], "--backend",
-                      "import", "--predictions", str(answers), "--model", "other-harness", "--output_dir",
-                      str(tmp_path / "bad")], capsys)
-    assert code == 2 and err == (f"volta-ml suite: error: {answers}:2: item {rows[1]['id']!r} has an empty "
-                                 "prediction ('')")
+    item = repr(rows[1]["id"])
+    for bad, message in (({}, f'item {item} has no "prediction"'),
+                         ({"prediction": ["yes"]}, f"item {item}: the prediction is not text (['yes'])")):
+        answers.write_text("".join(json.dumps({"id": r["id"], **(bad if k == 1 else {"prediction": r["generated"]})})
+                                   + "\n" for k, r in enumerate(rows)))
+        capsys.readouterr()
+        code, err = _cli(["--task", "maxm", "--lang", "en", "--data", data, "--images", more["images"], "--backend",
+                          "import", "--predictions", str(answers), "--model", "other-harness", "--output_dir",
+                          str(tmp_path / "bad")], capsys)
+        assert code == 2 and err == f"volta-ml suite: error: {answers}:2: {message}", err
+
+class Replay(FakeExamGenerative):
+    """Gives back the answers it is handed, one per `generate` call, in order (the one-at-a-time reference)."""
+
+    def __init__(self, answers):
+        super().__init__()
+        self.replayed = iter(answers)
+
+    def generate(self, images, prompts, max_new_tokens):
+        return [next(self.replayed) for _ in prompts]
+
+
+@pytest.mark.parametrize("task,lang,rule", [("maxm", "en", "exact"), ("xm3600", "th", "cider-pyptb"),
+                                            ("mtvqa", "ja", "mtvqa"), ("xmmmu", "ja", "generate"),
+                                            ("m3exam", "th", "generate"), ("kaleidoscope", "uk", "generate")])
+def test_empty_imported_answers_are_scored_and_counted(suite, tmp_path, capsys, task, lang, rule):
+    """An empty imported answer ("", only spaces, null) is what the other harness generated: scored by the rule as
+    it is (0; a format error for multiple choice), equal to judging the same answers one item at a time, counted in
+    suite_results.json (`empty_predictions`) and said in one stderr line."""
+    run_suite(options(suite, task, lang, tmp_path / "gen", rule=rule), backend=backend_for(task))
+    rows = [json.loads(l) for l in (tmp_path / "gen/predictions.jsonl").read_text(encoding="utf-8").splitlines()]
+    blanks = {0: "", 1: None, 2: "  \n"}
+    answers = [blanks.get(k, r["generated"]) for k, r in enumerate(rows)]
+    path = tmp_path / "answers.jsonl"
+    path.write_text("".join(json.dumps({"id": r["id"], "prediction": a}, ensure_ascii=False) + "\n"
+                            for r, a in zip(rows, answers)), encoding="utf-8")
+    data, more = data_of(suite, task)
+    out = tmp_path / "imported"
+    code, err = _cli(["--task", task, "--lang", lang, "--rule", rule, "--data", data,
+                      *[f for k, v in more.items() for f in (f"--{k}", v)], "--backend", "import", "--predictions",
+                      str(path), "--model", "other-harness", "--output_dir", str(out), "--no_progress"], capsys)
+    empty = min(len(rows), len(blanks))
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "imported predictions are empty" in line]
+    assert lines == [f"suite: {empty} of {len(rows)} imported predictions are empty (first: item {rows[0]['id']!r}) "
+                     f"in {path}; scored as given (wrong; a format error for multiple choice), counted in "
+                     f"{out / 'suite_results.json'} (empty_predictions)"], err
+    results = json.loads((out / "suite_results.json").read_text(encoding="utf-8"))
+    assert results["empty_predictions"] == empty
+    expected, format_errors = reference(task, lang, rule, options(suite, task, lang, out, rule=rule),
+                                        backend=Replay([a or "" for a in answers]))
+    assert results["metrics"]["score"] == pytest.approx(expected)
+    assert results["metrics"].get("format_error_rate") == (None if format_errors is None else
+                                                           pytest.approx(format_errors))
+    scored = [json.loads(l) for l in (out / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
+    for row in scored[:empty]:      # a multiple-choice item's (a gold letter): a format error
+        assert row["score"] == 0 and not row["generated"].strip(), row
+        assert row["parsed"] is (False if isinstance(row["gold"], str) else None), row
 
 
 def _free_port() -> int:

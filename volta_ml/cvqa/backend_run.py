@@ -82,6 +82,8 @@ def run_backend(args_dict: dict) -> str | None:
         if failures:
             from volta_ml.hf.photos import failure_line
             print(f"CVQA: {failure_line(failures, path)}", file=sys.stderr)
+        for line in getattr(scorer, "empty_lines", lambda _: [])(path):   # imported answers that were empty
+            print(line, file=sys.stderr)
         print(f"{len(dataset.questions)} questions x {len(passes)} passes in {time.time() - started:.1f} s",
               file=sys.stderr)
         return path

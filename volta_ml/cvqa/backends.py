@@ -20,7 +20,8 @@ every image is None (the backend's blank image / no image). The backends:
   `generate` (the letter prompt, greedy answer parsed to a letter or matched to an option text, as
   generation-based harnesses score multiple choice; score = one-hot of the parsed option, all zeros when the
   answer names none; `parse_failed` [N, 4] (1 = unparsed) gives the parse-failure rate beside the accuracy).
-- `import`: predictions made elsewhere (GPT-4o, Gemini, ...) as a CSV `ID,Prediction`; score = one-hot.
+- `import`: predictions made elsewhere (GPT-4o, Gemini, ...) as a CSV `ID,Prediction`; score = one-hot (an empty
+  Prediction: all zeros and `parse_failed`, as an unparsed generated answer).
 """
 from __future__ import annotations
 
@@ -176,7 +177,9 @@ class GenerativeScorer:
 
 
 class ImportedPredictions:
-    """Predictions made elsewhere, one CSV `ID,Prediction` (option index 0-3) per condition."""
+    """Predictions made elsewhere, one CSV `ID,Prediction` (option index 0-3) per condition. An empty Prediction is
+    what the other harness produced (an answer that named no option): it predicts nothing and counts as wrong, as
+    the generate rule's unparsed answers (`parse_failed` of that condition; `empty_predictions` in the header)."""
     needs_images = False
     backend = "import"
 
@@ -184,6 +187,9 @@ class ImportedPredictions:
         known = {q.id for q in questions}
         self.files = {c: str(p) for c, p in files.items()}
         self.predictions = {c: read_predictions(p, known, strict_ids) for c, p in files.items()}
+        order = {q.id: i for i, q in enumerate(questions)}
+        self.empty = {c: sorted((qid for qid, value in table.items() if value is None), key=order.get)
+                      for c, table in self.predictions.items()}
         digest = hashlib.sha1()
         for condition in sorted(files):
             digest.update(condition.encode() + Path(files[condition]).read_bytes())
@@ -193,7 +199,14 @@ class ImportedPredictions:
         return {"model": ",".join(Path(p).stem for p in dict.fromkeys(self.files.values())),
                 "model_revision": f"sha1:{self.digest}", "dtype": None, "device_map": None, "rule": None,
                 "template": None, "prompts_version": None, "score_convention": "imported prediction (one-hot)",
-                "prediction_files": self.files}
+                "prediction_files": self.files,
+                "empty_predictions": {c: len(empty) for c, empty in self.empty.items()}}
+
+    def empty_lines(self, results: str) -> list[str]:
+        """One stderr line per condition whose file has empty predictions."""
+        return [f"CVQA: {len(empty)} of {len(self.predictions[c])} imported predictions are empty in {self.files[c]} "
+                f"(first ID {empty[0]!r}); counted wrong, as answers that named no option (Prediction -1, "
+                f"parse_failure_rate), and in {results} (empty_predictions)" for c, empty in self.empty.items() if empty]
 
     def rendered_prompt(self, question: CVQAQuestion, condition: str) -> str:
         return f"(imported from {self.files[condition]})"
@@ -210,18 +223,25 @@ class ImportedPredictions:
             raise UsageError(f"{self.files[condition]}: no prediction for {len(missing)} question(s), "
                              f"first ID {missing[0]!r}")
         scores = np.zeros((len(questions), NUM_OPTIONS))
-        scores[np.arange(len(questions)), [table[q.id] for q in questions]] = 1.0
-        return {"score": scores}
+        named = [(i, table[q.id]) for i, q in enumerate(questions) if table[q.id] is not None]
+        if named:
+            rows, options = zip(*named)
+            scores[list(rows), list(options)] = 1.0
+        if not self.empty[condition]:
+            return {"score": scores}
+        failed = np.zeros((len(questions), NUM_OPTIONS))   # every chunk of this condition has the column
+        failed[[i for i, q in enumerate(questions) if table[q.id] is None]] = 1.0
+        return {"score": scores, "parse_failed": failed}
 
 
-def read_predictions(path: str, known_ids: set[str], strict_ids: bool = True) -> dict[str, int]:
-    """`ID,Prediction` rows -> {ID: option index}; a bad row is a one-line error naming the file and line (a file
-    that is not UTF-8: the byte offset, `data.annotations.read_text`)."""
+def read_predictions(path: str, known_ids: set[str], strict_ids: bool = True) -> dict[str, int | None]:
+    """`ID,Prediction` rows -> {ID: option index, or None for an empty Prediction}; a bad row is a one-line error
+    naming the file and line (a file that is not UTF-8: the byte offset, `data.annotations.read_text`)."""
     from volta_ml.data.annotations import read_text
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"--predictions {path}: no such file")
-    out: dict[str, int] = {}
+    out: dict[str, int | None] = {}
     reader = csv.reader(io.StringIO(read_text(path, "prediction file"), newline=""))
     try:
         header = [h.strip() for h in next(reader, [])]
@@ -236,12 +256,12 @@ def read_predictions(path: str, known_ids: set[str], strict_ids: bool = True) ->
                 if strict_ids:
                     raise UsageError(f"{path} line {line}: unknown ID {qid!r} (not a question of this release)")
                 continue
-            if value not in ("0", "1", "2", "3"):
+            if value not in ("", "0", "1", "2", "3"):
                 raise UsageError(f"{path} line {line}: Prediction {value!r} for ID {qid!r} is not an option "
-                                 "index 0-3")
+                                 "index 0-3 (or empty: no answer)")
             if qid in out:
                 raise UsageError(f"{path} line {line}: ID {qid!r} appears twice")
-            out[qid] = int(value)
+            out[qid] = int(value) if value else None
     except csv.Error as err:
         raise UsageError(f"{path} line {reader.line_num}: not CSV ({err})") from None
     return out

@@ -158,11 +158,26 @@ def check_fits(path, state: dict, model: nn.Module, origin: dict | None = None) 
 
     def same(a: tuple, b: tuple) -> bool:
         return a == b or {a, b} == {(), (1,)}
+    differences = shape_differences(saved, own, same)
+    if not differences:
+        return
+    recorded = _origin(state.get("saved_from"))
+    source = (f"saved from {recorded}" if recorded else
+              "saved by VOLTA" if state.get("format") == "volta" else
+              "saved by an older volta-ml that did not record its model" if "saved_from" not in state else
+              "saved by a job that describes no model")
+    this = f"; this run: {_origin(origin)}" if origin else ""
+    raise UsageError(f"--resume_file {path}: another model's resume file ({source}{this}): "
+                     f"{differences}")
+
+
+def shape_differences(saved: dict, own: dict, same=lambda a, b: a == b) -> str:
+    """What differs between the tensor shapes a file holds (`saved`) and a model's (`own`), both {name: shape}:
+    "<n> of another shape (first <name>: file [..], model [..]); <n> of this model missing (first <name>); <n> not
+    in this model (first <name>)", the parts that apply; "" when they are the same."""
     shaped = [k for k in own if k in saved and not same(saved[k], own[k])]
     missing = [k for k in own if k not in saved]
     extra = [k for k in saved if k not in own]
-    if not (shaped or missing or extra):
-        return
     differences = []
     if shaped:
         differences.append(f"{len(shaped)} of another shape (first {shaped[0]}: file "
@@ -171,14 +186,7 @@ def check_fits(path, state: dict, model: nn.Module, origin: dict | None = None) 
         differences.append(f"{len(missing)} of this model missing (first {missing[0]})")
     if extra:
         differences.append(f"{len(extra)} not in this model (first {extra[0]})")
-    recorded = _origin(state.get("saved_from"))
-    source = (f"saved from {recorded}" if recorded else
-              "saved by VOLTA" if state.get("format") == "volta" else
-              "saved by an older volta-ml that did not record its model" if "saved_from" not in state else
-              "saved by a job that describes no model")
-    this = f"; this run: {_origin(origin)}" if origin else ""
-    raise UsageError(f"--resume_file {path}: another model's resume file ({source}{this}): "
-                     f"{'; '.join(differences)}")
+    return "; ".join(differences)
 
 
 class VoltaObject:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import shutil
 import uuid
 from pathlib import Path
@@ -342,7 +343,9 @@ def save_sharded_state(path: Path, model, optimizer, pending: bool, info: DistIn
 
 def load_sharded_state(path, state: dict, model, optimizer) -> None:
     """Model, optimizer and pending gradients from the folder `state` names, re-sharded onto this run's
-    processes (any number of them, FSDP or not)."""
+    processes (any number of them, FSDP or not). The folder is checked first (`check_shard_folder`: a damaged
+    or unreadable one is said so, another model's tensors are named), then loaded with torch.distributed.checkpoint,
+    whose own log records (tracebacks through the root logger) are held back (`_quiet_dcp`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     sharded = state["sharded"]
@@ -370,12 +373,17 @@ def load_sharded_state(path, state: dict, model, optimizer) -> None:
             else:
                 tensor = torch.zeros(spec[0], dtype=dtype, device=params[name].device)
             optim_state[name][key] = optim_tensors[f"{name}/{key}"] = tensor
+    wanted = {"model": targets, "optimizer": optim_tensors, "grads": pending}
+    verdicts = _every_rank(check_shard_folder(folder, wanted))
+    fault = next((v for v in verdicts if v is not None), None)
+    if fault is not None:
+        raise UsageError(f"--resume_file {path}: {fault}")
     try:
-        dcp.load({"model": targets, "optimizer": optim_tensors, "grads": pending}, checkpoint_id=str(folder))
-    except (Exception, CheckpointException) as error:   # a folder of another model: name it, one line
-        first = (str(error).strip().splitlines() or [""])[-1]
-        raise UsageError(f"--resume_file {path}: its sharded state does not fit this model's trainable tensors "
-                         f"({type(error).__name__}: {first[:300]})") from None
+        with _quiet_dcp():
+            dcp.load(wanted, checkpoint_id=str(folder))
+    except (Exception, CheckpointException) as error:   # the files passed the checks: read errors of their data
+        raise UsageError(f"--resume_file {path}: its sharded state {folder} is damaged or unreadable "
+                         f"({_dcp_cause(error)})") from None
     if len(sharded["param_groups"]) != len(optimizer.param_groups):
         raise UsageError(f"--resume_file {path}: {len(sharded['param_groups'])} optimizer parameter groups saved, "
                          f"this run has {len(optimizer.param_groups)}")
@@ -388,6 +396,100 @@ def load_sharded_state(path, state: dict, model, optimizer) -> None:
                                          and params[name].dim() == 0 else value for key, value in values.items()}
     for name, grad in pending.items():
         params[name].grad = grad.view(params[name].shape)
+
+
+def _every_rank(verdict: str | None) -> list:
+    """Every rank's verdict on the folder (they read the same files, but a rank that alone refused would leave
+    the others waiting in the load's collectives)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [verdict]
+    return gather_objects(verdict, DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                                            initialized=True))
+
+
+def check_shard_folder(folder: Path, wanted: dict[str, dict[str, torch.Tensor]]) -> str | None:
+    """What is wrong with the sharded state `folder` for loading `wanted` ({"model" | "optimizer" | "grads":
+    {name: tensor}}), in words, or None. Damaged or unreadable: a `.metadata` that does not unpickle into
+    torch.distributed.checkpoint's Metadata (read with its own FileSystemReader), or a data file missing or shorter
+    than the metadata says. Another model: the metadata's tensors are not this model's trainable tensors (names and
+    whole shapes). Checked before `dcp.load`, which would log its tracebacks and name neither cause."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+    try:
+        with _quiet_dcp():
+            metadata = FileSystemReader(str(folder)).read_metadata()
+        if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
+            raise ValueError(f"it holds a {type(metadata).__name__}, not torch.distributed.checkpoint's Metadata")
+        ends: dict[str, int] = {}
+        for where in (metadata.storage_data or {}).values():
+            ends[where.relative_path] = max(ends.get(where.relative_path, 0), int(where.offset) + int(where.length))
+    except Exception as error:  # noqa: BLE001 - anything unpickling garbage raises means: damaged
+        return (f"its sharded state {folder} is damaged or unreadable (.metadata: {type(error).__name__}: "
+                f"{_first_line(error)})")
+    for name, end in sorted(ends.items()):
+        data = folder / name
+        size = data.stat().st_size if data.is_file() else None
+        if size is None or size < end:
+            found = "missing" if size is None else f"{size} bytes, the metadata places data up to byte {end}"
+            return f"its sharded state {folder} is damaged or unreadable ({name}: {found}; cut short?)"
+    saved = {key: list(meta.size) for key, meta in metadata.state_dict_metadata.items()
+             if isinstance(meta, TensorStorageMetadata)}
+    expected = {f"{part}.{name}": list(tensor.shape) for part, tensors in wanted.items()
+                for name, tensor in tensors.items()}
+    # the model's tensors all, and of the optimizer's and pending gradients those the resume file lists
+    saved = {key: shape for key, shape in saved.items() if key in expected or key.startswith("model.")}
+    differences = ckpt.shape_differences(saved, expected)
+    if not differences:
+        return None
+    return f"its sharded state {folder} holds another model's tensors: {differences}"
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:300]
+
+
+def _dcp_cause(error: BaseException) -> str:
+    """The first rank's own error inside torch.distributed.checkpoint's CheckpointException (which says only
+    which ranks failed), else the error itself."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, cause = min(failures.items())
+        cause = cause[0] if isinstance(cause, tuple) else cause
+        return f"rank {rank}: {_named(cause)}"
+    return _named(error)
+
+
+def _named(error: BaseException) -> str:
+    if isinstance(error, pickle.UnpicklingError):   # torch's weights-only refusal suggests unsafe loading: not that
+        return "UnpicklingError: a tensor record that does not unpickle"
+    return f"{type(error).__name__}: {_first_line(error)}".rstrip(": ")
+
+
+class _FromDcp(logging.Filter):
+    """Drops the records torch.distributed.checkpoint's modules log through the root logger (its load logs a
+    metadata it cannot read as two warnings with tracebacks)."""
+    def __init__(self):
+        super().__init__()
+        import torch.distributed.checkpoint as dcp
+        self.package = os.path.dirname(dcp.__file__)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.pathname.startswith(self.package)
+
+
+@contextlib.contextmanager
+def _quiet_dcp():
+    """torch.distributed.checkpoint's log records held back: those of the root logger (filtered) and of its own
+    loggers (their level raised): a failed load is reported in one line by the caller instead."""
+    root, own = logging.getLogger(), logging.getLogger("torch.distributed.checkpoint")
+    quiet, level = _FromDcp(), own.level
+    root.addFilter(quiet)
+    own.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        root.removeFilter(quiet)
+        own.setLevel(level)
 
 
 def remove_stale_shards(run_dir: Path, keep: str | None = None) -> None:

@@ -7,7 +7,8 @@ Files in `--output_dir`:
   tools it ran with, e.g. CIDEr's tokenizers and dictionaries), prompts version, the first prompt as the model
   saw it, model / adapter / template options, metrics, counts, what was skipped, seconds, `failed_images`
   (images that are there but failed to decode, each with the reason: their questions were scored without them,
-  as `cvqa score` and `iglue-hf` do; `volta_ml.hf.photos`);
+  as `cvqa score` and `iglue-hf` do; `volta_ml.hf.photos`); with `--backend import`, `empty_predictions` (how
+  many imported answers were empty: scored as they are, `ImportedAnswers`);
 - `predictions.jsonl`: one record per item: id, lang, score, correct (1 / 0, or the CIDEr), parsed (whether a
   generated multiple-choice answer named an option; null for open answers), prediction, gold, generated answer,
   user turn;
@@ -153,6 +154,8 @@ def run_suite(options: dict, backend=None) -> dict | None:
                    "data_files": [str(f) for f in data.files], "n_items": len(data.items), "skipped": data.skipped,
                    "world_size": info.world_size, "seconds": round(seconds, 3),
                    "template_options": getattr(backend, "template_options", None), **contents, **result}
+        if importing:
+            results["empty_predictions"] = len(backend.empty)
         if tools:
             results["rule_tools"] = tools
         accepted = loading_report(backend)
@@ -161,6 +164,8 @@ def run_suite(options: dict, backend=None) -> dict | None:
         atomic_write_json(out_dir / "suite_results.json", results, indent=1, ensure_ascii=False)
         if results["failed_images"]:
             print(f"suite: {failure_line(results['failed_images'], out_dir / 'suite_results.json')}", file=sys.stderr)
+        if importing and backend.empty:
+            print(backend.empty_line(out_dir / "suite_results.json"), file=sys.stderr)
         metric = results["metrics"].get("score", results["metrics"].get("ir_r1"))
         print(f"{SUITE[task].title} {lang} {rule_name}: {metric:.3f} ({len(data.items)} items)", file=sys.stderr)
         finish_cell(out_dir, work_dir, opts, {
@@ -234,8 +239,10 @@ IMPORT = "import"
 class ImportedAnswers:
     """`--backend import`: the answers another run (another harness) generated, read from `--predictions`, a JSON
     lines file with one `{"id": <item id>, "prediction": <the generated text>}` per item of the task and language,
-    scored by the task's generation rule. A missing, repeated, unknown or empty prediction is one line naming the
-    file, line and item."""
+    scored by the task's generation rule. An empty answer ("", only spaces, or null) is what that harness
+    generated: scored as it is (wrong; a format error for multiple choice) and counted (`empty`: the items' ids,
+    `empty_predictions` in suite_results.json). A missing, repeated or unknown item, a record without
+    "prediction" or with one that is not text, is one line naming the file, line and item."""
 
     def __init__(self, path: str, items):
         from volta_ml.data.annotations import read_jsonl
@@ -251,15 +258,25 @@ class ImportedAnswers:
             item = str(row["id"])
             if item in found:
                 raise SuiteDataError(f"{where}: a second prediction for item {item!r}")
-            prediction = row.get("prediction")
-            if not isinstance(prediction, str) or not prediction.strip():
-                raise SuiteDataError(f"{where}: item {item!r} has an empty prediction ({prediction!r})")
-            found[item] = prediction
+            if "prediction" not in row:
+                raise SuiteDataError(f"{where}: item {item!r} has no \"prediction\"")
+            prediction = row["prediction"]
+            if prediction is not None and not isinstance(prediction, str):
+                raise SuiteDataError(f"{where}: item {item!r}: the prediction is not text ({prediction!r})")
+            found[item] = prediction or ""
         missing = [item.id for item in items if item.id not in found]
         if missing:
             raise SuiteDataError(f"{path}: no prediction for {len(missing)} item(s), e.g. {missing[0]!r}")
+        self.path = path
         self.answers = [found[item.id] for item in items]
+        self.empty = [item.id for item, answer in zip(items, self.answers) if not answer.strip()]
         self.spec, self.max_images, self.prompt_format = None, None, "imported answers"
+
+    def empty_line(self, results: Path) -> str:
+        """The stderr line of a run whose imported answers include empty ones."""
+        return (f"suite: {len(self.empty)} of {len(self.answers)} imported predictions are empty (first: item "
+                f"{self.empty[0]!r}) in {self.path}; scored as given (wrong; a format error for multiple choice), "
+                f"counted in {results} (empty_predictions)")
 
     def render(self, prompt: str, num_images: int) -> str:
         return prompt
