@@ -252,3 +252,27 @@ def test_record_step_keeps_only_the_items_of_this_run(tmp_path):
     path, why = cell_items(cell, {"score": 75.0})
     assert path is None and "the mean of its score items, 50.0000, is not the logged 75.0" in why
     assert cell_items(tmp_path / "empty", {"score": 1.0}) == (None, "no per-item file")
+
+
+@pytest.mark.parametrize("damage, where", [
+    ('{"id": "q1", "score": "abc"}\n', "line 2: not an item record"),
+    ("", "an empty per-item file"),
+])
+def test_a_damaged_or_empty_per_item_file_stops_report_and_compare(tmp_path, capsys, damage, where):
+    """(#42.1) The cell showed a bare number as if it had never had items, `avg` lost its interval and `compare`
+    showed `–`, exit 0 and nothing said; now: exit 2, one line naming the file, the line and the cause."""
+    root = tmp_path / "runs"
+    for side, model in (("a", "uc2"), ("b", "m3p")):
+        for lang in ("ar", "fr"):
+            write_cell(root / side, "zero_shot", model, "xvnli", lang, 0,
+                       {f"q{i}": {"score": 100.0 * (i % 2)} for i in range(6)})
+    path = root / "a" / "zero_shot" / "uc2" / "xvnli" / "ar" / "seed0" / "eval" / "test_items.jsonl"
+    path.write_text('{"id": "q0", "score": 0.0}\n' + damage if damage else "")
+    for argv in (["report", str(root / "a"), "--out", str(tmp_path / "r"), "--no_plots"],
+                 ["compare", str(root / "a"), str(root / "b")]):
+        capsys.readouterr()
+        assert volta_ml(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{path}" in err[0] and where in err[0], err
+        assert "Traceback" not in err[0]
+    assert "could not convert string to float: 'abc'" in err[0] if damage else True

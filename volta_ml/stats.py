@@ -103,7 +103,8 @@ def write_items(path: str | Path, rows: Iterable[Mapping]) -> Path:
 
 
 def read_items(path: str | Path) -> dict[str, dict]:
-    """{id: {metric: value, ("group": key)}} in file order."""
+    """{id: {metric: value, ("group": key)}} in file order. A file that cannot be read, a line that is not an item
+    record (the error names the file and the line) and a file with no record at all are `ItemsError`s."""
     items: dict[str, dict] = {}
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -122,6 +123,9 @@ def read_items(path: str | Path) -> dict[str, dict]:
         if item in items:
             raise ItemsError(f"{path} line {number}: item id {item!r} appears twice")
         items[item] = values
+    if not items:
+        raise ItemsError(f"{path}: an empty per-item file (no item record; the run that wrote it scored nothing "
+                         f"or was cut short)")
     return items
 
 

@@ -29,10 +29,12 @@ AVG = "avg"
 
 
 class ItemFiles:
-    """Reads each per-item file once."""
+    """Reads each per-item file once. A record that names no per-item file (old IGLUE logs) has none; a named file
+    that is damaged or empty stops the report (`UsageError`: the file, the line and the cause), so that a cell never
+    shows a bare number as if it had never had per-item scores."""
 
     def __init__(self):
-        self.cache: dict[str, dict | ItemsError] = {}
+        self.cache: dict[str, dict] = {}
 
     def of(self, record: dict) -> dict | None:
         path = record.get("items")
@@ -42,9 +44,8 @@ class ItemFiles:
             try:
                 self.cache[path] = read_items(path)
             except ItemsError as error:
-                self.cache[path] = error
-        found = self.cache[path]
-        return None if isinstance(found, ItemsError) else found
+                raise UsageError(str(error)) from None
+        return self.cache[path]
 
 
 def seed_items(records: list[dict], metric: str, files: ItemFiles) -> tuple[dict[str, float] | None, str]:
@@ -53,7 +54,7 @@ def seed_items(records: list[dict], metric: str, files: ItemFiles) -> tuple[dict
     for record in records:
         items = files.of(record)
         if items is None:
-            return None, "no per-item file" if not record.get("items") else f"{record['items']}: unreadable"
+            return None, "no per-item file"
         values = metric_values(items, metric)
         if not values:
             return None, f"{record['items']}: no {metric} items"
