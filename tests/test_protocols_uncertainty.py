@@ -276,3 +276,11 @@ def test_a_damaged_or_empty_per_item_file_stops_report_and_compare(tmp_path, cap
         assert len(err) == 1 and f"{path}" in err[0] and where in err[0], err
         assert "Traceback" not in err[0]
     assert "could not convert string to float: 'abc'" in err[0] if damage else True
+
+
+def test_latex_tables_write_pm_as_latex(runs, tmp_path):
+    """(#42.6) IGLUE's .tex wrote the literal `±` (CVQA's `$\\pm$`): one valid LaTeX form for both."""
+    assert volta_ml(["report", str(runs / "a"), "--out", str(tmp_path / "r"), "--no_plots"]) == 0
+    tex = (tmp_path / "r" / "XVNLI_0.tex").read_text()
+    assert r" $\pm$ " in tex and "±" not in tex and "−" not in tex, tex
+    assert "-0.00" not in "".join(p.read_text() for p in (tmp_path / "r").rglob("*.tex"))

@@ -126,3 +126,14 @@ def test_seed_spread_and_formatting():
     assert stats.seed_spread([50.0]).std is None
     assert stats.format_estimate(56.3, 55.1, 57.5, 1) == "56.3 ± 1.2"
     assert stats.format_estimate(56.3, 55.1, 57.5, 1, "brackets") == "56.3 [55.1, 57.5]"
+
+
+def test_no_negative_zero_and_one_latex_form():
+    """(#42.6) a bound that rounds to zero printed `-0.00`; IGLUE's LaTeX wrote a bare `±`, CVQA's `$\\pm$`."""
+    assert stats.fixed(-0.001) == "0.00" and stats.fixed(-0.001, signed=True) == "+0.00"
+    assert stats.fixed(-0.005001) == "-0.01" and stats.fixed(0.0, signed=True) == "+0.00"
+    assert stats.format_estimate(-0.001, -0.004, 0.8, style="brackets") == "0.00 [0.00, 0.80]"
+    assert stats.format_estimate(-0.001, -0.004, 0.8, style="brackets", signed=True) == "+0.00 [+0.00, +0.80]"
+    assert stats.format_estimate(-0.001, -0.002, 0.002) == "0.00 ± 0.00"
+    assert stats.latex_text("56.30 ± 1.20") == r"56.30 $\pm$ 1.20"
+    assert stats.latex_text("A − B [95% CI] – x_y & #1") == r"A $-$ B [95\% CI] -- x\_y \& \#1"

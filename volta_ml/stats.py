@@ -156,15 +156,38 @@ class Interval:
         return format_estimate(self.estimate, self.low, self.high, digits, style)
 
 
-def format_estimate(estimate: float, low: float, high: float, digits: int = 2, style: str = "pm") -> str:
-    """`56.30 ± 1.20` (pm: half the interval's width), `56.30 [55.10, 57.50]` (brackets) or `56.30` (none)."""
+def fixed(value: float, digits: int = 2, signed: bool = False) -> str:
+    """`value` with `digits` decimals (`signed`: always with its sign, `+1.20`), never a negative zero: a value that
+    rounds to zero prints `0.00` (`+0.00`), not `-0.00`."""
+    text = f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+    if text.startswith("-") and float(text) == 0:
+        text = ("+" if signed else "") + text[1:]
+    return text
+
+
+def format_estimate(estimate: float, low: float, high: float, digits: int = 2, style: str = "pm",
+                    signed: bool = False) -> str:
+    """`56.30 ± 1.20` (pm: half the interval's width), `56.30 [55.10, 57.50]` (brackets) or `56.30` (none);
+    `signed`: the estimate and bounds with their signs (a difference). Never a negative zero (`fixed`)."""
     if style == "none":
-        return f"{estimate:.{digits}f}"
+        return fixed(estimate, digits, signed)
     if style == "brackets":
-        return f"{estimate:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+        return f"{fixed(estimate, digits, signed)} [{fixed(low, digits, signed)}, {fixed(high, digits, signed)}]"
     if style == "pm":
-        return f"{estimate:.{digits}f} ± {(high - low) / 2:.{digits}f}"
+        return f"{fixed(estimate, digits, signed)} ± {fixed((high - low) / 2, digits)}"
     raise ValueError(f"unknown interval style {style!r} (pm, brackets, none)")
+
+
+LATEX_ESCAPES = (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("$", r"\$"),
+                 ("{", r"\{"), ("}", r"\}"), ("±", r"$\pm$"), ("−", "$-$"), ("–", "--"))
+
+
+def latex_text(text: str) -> str:
+    """A table cell, header or caption as LaTeX: special characters escaped, `±` as `$\\pm$`, the minus sign `−` as
+    `$-$`, the dash `–` (a missing value) as `--`; one form for every table (IGLUE's, the suite's, CVQA's)."""
+    for char, escaped in LATEX_ESCAPES:
+        text = text.replace(char, escaped)
+    return text
 
 
 def _method(method: str) -> str:
@@ -273,7 +296,7 @@ class Comparison:
         """Side A's (or B's) value over the paired items with its own interval, as a table cell shows it."""
         value, low, high = (self.a, self.a_low, self.a_high) if side == "A" else (self.b, self.b_low, self.b_high)
         if low is None:
-            return f"{value:.{digits}f}"
+            return fixed(value, digits)
         return format_estimate(value, low, high, digits, style)
 
     def missing_text(self, limit: int = 5) -> str:
@@ -387,8 +410,8 @@ class SeedSpread:
     values: tuple[float, ...] = field(default=())
 
     def text(self, digits: int = 2) -> str:
-        spread = "–" if self.std is None else f"{self.std:.{digits}f}"
-        return f"{self.mean:.{digits}f} ± {spread} (n={self.n})"
+        spread = "–" if self.std is None else fixed(self.std, digits)
+        return f"{fixed(self.mean, digits)} ± {spread} (n={self.n})"
 
 
 def seed_spread(values: Sequence[float]) -> SeedSpread:

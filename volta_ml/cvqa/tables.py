@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from volta_ml.atomic import atomic_open
-from volta_ml.stats import Options, format_estimate
+from volta_ml.stats import Options, fixed, format_estimate, latex_text
 
 from . import paper
 from .collect import QUESTION_TYPES, TEXT_ONLY, Predictions, Run
@@ -266,14 +266,7 @@ def _fmt(value, digits: int, style: str = "pm") -> str:
         return "-"
     if isinstance(value, Measured):
         return format_estimate(value, value.low, value.high, digits, style)
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
-def _latex_escape(text: str) -> str:
-    for char, escaped in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
-                          ("$", r"\$"), ("{", r"\{"), ("}", r"\}")):
-        text = text.replace(char, escaped)
-    return text
+    return fixed(value, digits) if isinstance(value, float) else str(value)
 
 
 def markdown(table: Table, digits: int, style: str = "pm") -> list[str]:
@@ -290,10 +283,10 @@ def latex(table: Table, digits: int, style: str = "pm") -> str:
                for i in range(len(table.header))]
     spec = "".join("r" if n else "l" for n in numeric)
     lines = [r"\begin{table}[t]", r"\centering", r"\small", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
-             " & ".join(_latex_escape(h) for h in table.header) + r" \\", r"\midrule"]
-    lines += [" & ".join(_latex_escape(_fmt(v, digits, style)).replace("±", r"$\pm$") for v in row) + r" \\"
+             " & ".join(latex_text(h) for h in table.header) + r" \\", r"\midrule"]
+    lines += [" & ".join(latex_text(_fmt(v, digits, style)) for v in row) + r" \\"
               for row in table.rows]
-    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{_latex_escape(table.title)}}}",
+    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{latex_text(table.title)}}}",
               rf"\label{{tab:cvqa-{table.name.replace('_', '-')}}}", r"\end{table}", ""]
     return "\n".join(lines)
 

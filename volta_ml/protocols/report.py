@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from volta_ml.stats import Options, seed_spread
+from volta_ml.stats import Options, fixed, latex_text, seed_spread
 
 from .iglue import TASKS, shot_count
 from .uncertainty import (
@@ -132,13 +132,12 @@ def markdown(header: list[str], rows: list[list[str]], title: str = "") -> str:
 
 
 def latex(header: list[str], rows: list[list[str]], caption: str = "") -> str:
-    esc = lambda s: s.replace("_", r"\_").replace("%", r"\%").replace("&", r"\&").replace("–", "--")  # noqa: E731
     lines = [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}",
-             r"\toprule", " & ".join(esc(h) for h in header) + r" \\", r"\midrule"]
-    lines += [" & ".join(esc(c) for c in r) + r" \\" for r in rows]
+             r"\toprule", " & ".join(latex_text(h) for h in header) + r" \\", r"\midrule"]
+    lines += [" & ".join(latex_text(c) for c in r) + r" \\" for r in rows]
     lines += [r"\bottomrule", r"\end{tabular}"]
     if caption:
-        lines.append(r"\caption{" + esc(caption) + "}")
+        lines.append(r"\caption{" + latex_text(caption) + "}")
     lines.append(r"\end{table}")
     return "\n".join(lines) + "\n"
 
@@ -430,8 +429,8 @@ def write_seeds(tables, stats, digits: int, emit) -> None:
                 if s is None or s.seeds is None or s.seeds.n < 2:
                     continue
                 seeds = s.seeds
-                rows.append([stem, model, column, str(seeds.n), f"{seeds.mean:.{digits}f} ± {seeds.std:.{digits}f}",
-                             ", ".join(f"{v:.{digits}f}" for v in seeds.values)])
+                rows.append([stem, model, column, str(seeds.n), f"{fixed(seeds.mean, digits)} ± {fixed(seeds.std, digits)}",
+                             ", ".join(fixed(v, digits) for v in seeds.values)])
                 csv_rows.append([stem, model, column, str(seeds.n), repr(seeds.mean), repr(seeds.std),
                                  " ".join(repr(v) for v in seeds.values)])
     if rows:
@@ -449,7 +448,7 @@ def write_format_errors(tables, stats, digits: int, emit) -> None:
                 if s is None or s.format_errors is None:
                     continue
                 fe = s.format_interval
-                text = f"{s.format_errors:.{digits}f}" + (f" [{fe.low:.{digits}f}, {fe.high:.{digits}f}]" if fe else "")
+                text = fixed(s.format_errors, digits) + (f" [{fixed(fe.low, digits)}, {fixed(fe.high, digits)}]" if fe else "")
                 rows.append([stem, model, column, text])
                 csv_rows.append([stem, model, column, repr(s.format_errors), "" if fe is None else repr(fe.low),
                                  "" if fe is None else repr(fe.high)])

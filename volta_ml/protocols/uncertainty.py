@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from volta_ml.engine.failures import UsageError
 
 from volta_ml.stats import (
-    Comparison, Interval, ItemsError, Options, SeedSpread, metric_values, read_items, seed_spread,
+    Comparison, Interval, ItemsError, Options, SeedSpread, fixed, format_estimate, metric_values, read_items,
+    seed_spread,
 )
 
 FORMAT_ERRORS = "parse_failure_rate"   # the generate rule's unparsed answers (% of items), iglue-hf's metric
@@ -150,7 +151,7 @@ def cell_text(value: float | None, stats: CellStats | None, digits: int, style: 
     if value is None:
         return "–"
     if stats is None or stats.interval is None:
-        return f"{value:.{digits}f}"
+        return fixed(value, digits)
     return stats.interval.text(digits, style)
 
 
@@ -212,7 +213,7 @@ class CellComparison:
             return [self.table, self.column, self.a, self.b, "–", "–", "–", "–", "–", self.note]
         return [self.table, self.column, self.a, self.b, r.side_text("A", digits, style),
                 r.side_text("B", digits, style),
-                f"{r.difference:+.{digits}f} [{r.low:+.{digits}f}, {r.high:+.{digits}f}]", f"{r.p_value:.4f}",
+                format_estimate(r.difference, r.low, r.high, digits, "brackets", signed=True), f"{r.p_value:.4f}",
                 str(r.n), "; ".join(x for x in (r.missing_text(), self.note) if x)]
 
 
