@@ -17,6 +17,8 @@ from volta_ml.cli import main as volta_ml
 from volta_ml.protocols.report import write_report
 from volta_ml.protocols.results import cell_items, collect
 
+from helpers_stats import plain_holm
+
 LANGS = ("en", "ar", "fr")
 
 
@@ -134,7 +136,7 @@ def test_few_shot_auc_intervals_and_no_bare_cell(runs, tmp_path):
     assert (float(cells[("uc2", "avg")]["ci_low"]), float(cells[("uc2", "avg")]["ci_high"])) == (mean.low, mean.high)
     summary = next(line for line in (out / "XVNLI_summary.md").read_text().splitlines() if line.startswith("| uc2 |"))
     assert summary.endswith(f"| {mean.estimate:.2f} ± {mean.half_width:.2f} |"), summary
-    assert bare_cells(out, exempt_columns=("p",)) == []
+    assert bare_cells(out, exempt_columns=("p", "p (Holm)")) == []
 
 
 def test_few_shot_auc_compared_paired_and_spread_over_seeds(tmp_path, capsys):
@@ -204,6 +206,12 @@ def test_report_baseline_shows_the_numbers_of_compare(runs, tmp_path, capsys):
     assert (float(ar["difference"]), float(ar["ci_low"]), float(ar["p_value"])) == \
         (expected.difference, expected.low, expected.p_value)
     assert ar["only_in_A"] == "q3" and ar["only_in_B"] == "" and ar["paired_items"] == "39"
+    # (#44) Holm's adjustment across the cells of one table (XVNLI_0: en, ar, fr, avg), beside the raw p
+    xvnli = [by_cell[("XVNLI_0", c)] for c in (*LANGS, "avg")]
+    raw = [float(r["p_value"]) for r in xvnli]
+    assert [float(r["p_holm"]) for r in xvnli] == pytest.approx(plain_holm(raw), abs=1e-15)
+    assert all(float(r["p_holm"]) >= float(r["p_value"]) for r in compared)
+    assert "| p | p (Holm) |" in printed
 
 
 def test_cells_show_the_mean_of_their_items_as_the_comparisons_do(tmp_path):

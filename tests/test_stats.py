@@ -9,6 +9,8 @@ import pytest
 
 from volta_ml import stats
 
+from helpers_stats import plain_holm
+
 SAMPLE = np.array([100, 0, 100, 100, 0, 100, 0, 100, 100, 100, 0, 100], dtype=float)
 
 
@@ -137,3 +139,13 @@ def test_no_negative_zero_and_one_latex_form():
     assert stats.format_estimate(-0.001, -0.002, 0.002) == "0.00 ± 0.00"
     assert stats.latex_text("56.30 ± 1.20") == r"56.30 $\pm$ 1.20"
     assert stats.latex_text("A − B [95% CI] – x_y & #1") == r"A $-$ B [95\% CI] -- x\_y \& \#1"
+
+
+def test_holm_equals_the_plain_step_down():
+    rng = np.random.default_rng(3)
+    for p in ([0.01, 0.04, 0.03, 0.005], [0.5], [0.2, 0.2, 0.01], list(rng.random(20) ** 3), [0.0, 1.0, 0.3]):
+        assert stats.holm(p) == pytest.approx(plain_holm(p), abs=1e-15)
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([]) == []
+    with pytest.raises(ValueError, match="p-values must lie in"):
+        stats.holm([1.5])

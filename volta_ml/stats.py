@@ -30,7 +30,8 @@ bootstrap of the per-item differences, drawn as `interval` draws; for a mean the
 and a two-sided p-value from a paired permutation test: under the null hypothesis each
 item's two values are exchangeable, so the sign of its difference flips (`sign_flip_p_value`): exact over all 2^n
 sign patterns when 2^n <= `n_permutations`, otherwise approximate randomisation with `n_permutations` random
-patterns and p = (k + 1) / (n_permutations + 1). (`scipy.stats.permutation_test(permutation_type="samples")` is
+patterns and p = (k + 1) / (n_permutations + 1). Many cells tested at once (a table's languages) also get Holm's adjusted
+p-values (`holm`), which keep the family-wise error rate across them. (`scipy.stats.permutation_test(permutation_type="samples")` is
 the same test, but it loops over the items in Python: 26 s for 9,000 items x 9,999 patterns on one core, 1.7 s
 here.) `compare_items` pairs two {id: value} mappings and names the items found on one side only: they are
 listed in the result, never dropped silently.
@@ -361,6 +362,22 @@ def sign_flip_p_value(contributions: np.ndarray, n_permutations: int = N_PERMUTA
         null = contributions.sum() - 2.0 * (flips @ contributions)
         count += int(np.count_nonzero(np.abs(null) >= threshold))
     return (count + 1) / (n_permutations + 1), False
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: with the m p-values sorted ascending,
+    p_(1) <= ... <= p_(m), the adjusted p_(i) is max over j <= i of min(1, (m - j + 1) * p_(j)). A cell is
+    significant at level alpha with the family-wise error rate kept at alpha across the m cells when its adjusted
+    p-value is <= alpha (Holm 1979; valid under any dependence between the tests)."""
+    p = np.asarray(p_values, dtype=np.float64).reshape(-1)
+    if np.any((p < 0) | (p > 1)) or not np.all(np.isfinite(p)):
+        raise ValueError("p-values must lie in [0, 1]")
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    stepped = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    adjusted = np.empty(m)
+    adjusted[order] = stepped
+    return [float(v) for v in adjusted]
 
 
 def interval_estimate(values: Sequence[float], groups: Sequence[str] | None = None, average: str = "micro") -> float:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from volta_ml.engine.failures import UsageError
 
 from volta_ml.stats import (
-    Comparison, Interval, ItemsError, Options, SeedSpread, fixed, format_estimate, metric_values, read_items,
-    seed_spread,
+    Comparison, Interval, ItemsError, Options, SeedSpread, fixed, format_estimate, holm, metric_values,
+    read_items, seed_spread,
 )
 
 FORMAT_ERRORS = "parse_failure_rate"   # the generate rule's unparsed answers (% of items), iglue-hf's metric
@@ -184,7 +184,7 @@ def uncertainty_rows(table, stats: dict[tuple[str, str], CellStats], options: Op
 
 # --- comparisons of two rows ---------------------------------------------------------------------------------------
 COMPARE_HEADER = ["table", "column", "A", "B", "A_value", "B_value", "difference", "ci_low", "ci_high", "p_value",
-                  "exact", "paired_items", "only_in_A", "only_in_B", "note", "A_ci_low", "A_ci_high", "B_ci_low",
+                  "p_holm", "exact", "paired_items", "only_in_A", "only_in_B", "note", "A_ci_low", "A_ci_high", "B_ci_low",
                   "B_ci_high"]
 
 
@@ -197,29 +197,44 @@ class CellComparison:
     result: Comparison | None = None
     note: str = ""
     extra: dict = field(default_factory=dict)
+    p_holm: float | None = None      # Holm-adjusted across the cells of its table with p-values (holm_adjust)
 
     def csv_row(self) -> list[str]:
         r = self.result
         if r is None:
-            return [self.table, self.column, self.a, self.b] + [""] * 10 + [self.note] + [""] * 4
+            return [self.table, self.column, self.a, self.b] + [""] * 11 + [self.note] + [""] * 4
         return [self.table, self.column, self.a, self.b, repr(r.a), repr(r.b), repr(r.difference), repr(r.low),
-                repr(r.high), repr(r.p_value), str(r.exact).lower(), str(r.n), " ".join(r.only_a), " ".join(r.only_b),
-                self.note] + [_num(v) for v in (r.a_low, r.a_high, r.b_low, r.b_high)]
+                repr(r.high), repr(r.p_value), _num(self.p_holm), str(r.exact).lower(), str(r.n), " ".join(r.only_a),
+                " ".join(r.only_b), self.note] + [_num(v) for v in (r.a_low, r.a_high, r.b_low, r.b_high)]
 
     def markdown_row(self, digits: int, style: str = "pm") -> list[str]:
         """A and B with their own intervals over the paired items (`style`), the difference with its paired one."""
         r = self.result
         if r is None:
-            return [self.table, self.column, self.a, self.b, "–", "–", "–", "–", "–", self.note]
+            return [self.table, self.column, self.a, self.b, "–", "–", "–", "–", "–", "–", self.note]
         return [self.table, self.column, self.a, self.b, r.side_text("A", digits, style),
                 r.side_text("B", digits, style),
                 format_estimate(r.difference, r.low, r.high, digits, "brackets", signed=True), f"{r.p_value:.4f}",
-                str(r.n), "; ".join(x for x in (r.missing_text(), self.note) if x)]
+                "–" if self.p_holm is None else f"{self.p_holm:.4f}", str(r.n),
+                "; ".join(x for x in (r.missing_text(), self.note) if x)]
 
 
 def compare_md_header(options: Options) -> list[str]:
     return ["table", "column", "A", "B", "A value", "B value", f"A − B [{options.confidence:.0%} CI]", "p",
-            "paired items", "missing items / note"]
+            HOLM_COLUMN, "paired items", "missing items / note"]
+
+
+HOLM_COLUMN = "p (Holm)"
+
+
+def holm_adjust(cells: list[CellComparison]) -> list[CellComparison]:
+    """Set each cell's `p_holm`: Holm's adjustment (stats.holm) across the cells of one table for one pair of rows
+    that have a p-value (its languages and aggregates: a 20-language table at alpha 0.05 shows about one
+    "significant" raw p by chance, not by Holm's). Returns `cells`."""
+    tested = [c for c in cells if c.result is not None]
+    for cell, adjusted in zip(tested, holm([c.result.p_value for c in tested])):
+        cell.p_holm = adjusted
+    return cells
 
 
 NO_SCORE = "no score"
@@ -277,7 +292,7 @@ def compare_items(stem: str, row_a: str, row_b: str, items_a: dict, items_b: dic
             else:
                 cell.result = options.compare(a, b, {key: key.split("/", 1)[0] for key in a}, average="macro")
         out.append(cell)
-    return out
+    return holm_adjust(out)
 
 
 def row_pairs(stem: str, rows_a: list[str], rows_b: list[str], row_a: str | None,
