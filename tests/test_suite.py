@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO
 from helpers_fake_backends import FailingAfter, FakeDual
 from helpers_suite import EXAM_ANSWERS, FakeExamGenerative, build_suite, needs_java
+from volta_ml import stats
 from volta_ml.protocols.suite import SUITE
 from volta_ml.suite.data import resolve
 from volta_ml.suite.run import run_suite
@@ -205,9 +206,12 @@ def test_imported_answers_are_rescored_by_the_rule(suite, tmp_path, capsys):
                                   predictions=str(answers)))
         direct = run_suite(options(suite, "maxm", "en", tmp_path / f"{rule}-direct", rule=rule),
                            backend=backend_for("maxm"))
-        assert again["metrics"] == direct["metrics"], rule
-    assert generated["metrics"] == run_suite(options(suite, "maxm", "en", tmp_path / "exact2", backend="import",
-                                                     predictions=str(answers)))["metrics"]
+        assert without_truncation(again["metrics"]) == without_truncation(direct["metrics"]), rule
+        # (#44) the other harness gives no truncation: "unknown", not 0
+        assert again["metrics"]["truncated_rate"] is None and again["truncated"] == "unknown"
+        assert direct["metrics"]["truncated_rate"] == 0.0 and direct["truncated"] == []
+    imported = run_suite(options(suite, "maxm", "en", tmp_path / "exact2", backend="import", predictions=str(answers)))
+    assert without_truncation(generated["metrics"]) == without_truncation(imported["metrics"])
     assert 0 < generated["metrics"]["score"] < 100
     answers.write_text("".join(json.dumps({"id": r["id"], "prediction": "" if k == 1 else r["generated"]}) + "\n"
                                for k, r in enumerate(rows)))
@@ -218,6 +222,27 @@ def test_imported_answers_are_rescored_by_the_rule(suite, tmp_path, capsys):
                       str(tmp_path / "bad")], capsys)
     assert code == 2 and err == (f"volta-ml suite: error: {answers}:2: item {rows[1]['id']!r} has an empty "
                                  "prediction ('')")
+
+
+def without_truncation(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k != "truncated_rate"}
+
+
+def test_generation_rules_record_the_answers_cut_at_max_new_tokens(suite, tmp_path, capsys):
+    """(#44) truncated_rate per cell beside the format errors, the truncated items listed in the results and the
+    predictions, per item in the items file, one warning line above 5%."""
+    cut = MAXM_ANSWERS[0]
+    result = run_suite(options(suite, "maxm", "en", tmp_path / "cut"),
+                       backend=FakeExamGenerative(answers=MAXM_ANSWERS, cut={cut}))
+    rows = [json.loads(l) for l in (tmp_path / "cut/predictions.jsonl").read_text().splitlines()]
+    expected = [r["id"] for r in rows if r["generated"] == cut]
+    assert expected and result["truncated"] == expected and [r["truncated"] for r in rows] == \
+        [r["generated"] == cut for r in rows]
+    assert result["metrics"]["truncated_rate"] == pytest.approx(100.0 * len(expected) / len(rows))
+    items = stats.read_items(tmp_path / "cut" / "test_en_items.jsonl")
+    assert [v["truncated_rate"] for v in items.values()] == [100.0 * (r["generated"] == cut) for r in rows]
+    warnings = [l for l in capsys.readouterr().err.splitlines() if "stopped at max_new_tokens" in l]
+    assert len(warnings) == 1 and f"{len(expected)} of {len(rows)} answers" in warnings[0]
 
 
 def _free_port() -> int:

@@ -418,6 +418,51 @@ class Options:
                              method=self.method)
 
 
+# --- truncated answers -------------------------------------------------------------------------------------------
+TRUNCATED = "truncated_rate"     # the metric and per-item key: % of generated answers cut at max_new_tokens
+TRUNCATION_WARN = 5.0            # above this rate (%) a run prints one warning line
+UNKNOWN = "unknown"
+
+
+def truncation(answers: Sequence) -> np.ndarray:
+    """Per generated answer: 100.0 when it stopped at max_new_tokens (`answer.truncated` True), 0.0 when it ended at
+    a stop token (False), NaN when the backend does not say (a plain `str`, `truncated` None: imported answers)."""
+    flags = [getattr(answer, "truncated", None) for answer in answers]
+    return np.array([np.nan if f is None else 100.0 * bool(f) for f in flags], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """The truncated answers of a generation rule's run: `rate` (% of its answers) and `items` (their ids), both
+    None when any answer's truncation is unknown (recorded as "unknown", never as 0)."""
+    rate: float | None
+    items: tuple[str, ...] | None
+    flags: tuple[float, ...] | None       # per item 100 / 0, in item order
+
+    @classmethod
+    def of(cls, ids: Sequence[str], flags: Sequence[float] | None) -> "Truncation":
+        if flags is None or len(flags) != len(ids) or not len(ids) or np.isnan(np.asarray(flags, float)).any():
+            return cls(None, None, None)
+        flags = tuple(float(f) for f in flags)
+        return cls(float(np.mean(flags)), tuple(i for i, f in zip(ids, flags) if f), flags)
+
+    def record(self) -> dict:
+        """The result file's fields: `truncated`: the ids of the truncated answers, or "unknown"."""
+        return {"truncated": UNKNOWN if self.items is None else list(self.items)}
+
+    def item(self, k: int) -> dict:
+        """The per-item file's field of item `k` (`truncated_rate`: 100 or 0), none when unknown."""
+        return {} if self.flags is None else {TRUNCATED: self.flags[k]}
+
+    def warning(self, where: str) -> str | None:
+        """One line when more than TRUNCATION_WARN % of the answers were cut at max_new_tokens."""
+        if self.rate is None or self.rate <= TRUNCATION_WARN:
+            return None
+        shown = ", ".join(self.items[:3]) + (", ..." if len(self.items) > 3 else "")
+        return (f"warning: {where}: {len(self.items)} of {len(self.flags)} answers ({self.rate:.1f}%) stopped at "
+                f"max_new_tokens, not at an end token ({shown}); they are cut short: raise --max_new_tokens")
+
+
 # --- seeds -------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SeedSpread:
