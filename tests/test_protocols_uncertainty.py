@@ -292,3 +292,35 @@ def test_latex_tables_write_pm_as_latex(runs, tmp_path):
     tex = (tmp_path / "r" / "XVNLI_0.tex").read_text()
     assert r" $\pm$ " in tex and "±" not in tex and "−" not in tex, tex
     assert "-0.00" not in "".join(p.read_text() for p in (tmp_path / "r").rglob("*.tex"))
+
+
+def test_truncated_answers_per_cell_in_report_and_compare(tmp_path, capsys):
+    """(#44) the generate rule's answers cut at max_new_tokens: `truncated.*` per cell with its interval over the
+    items, the uncertainty CSV's columns, each side's rate in `compare`; a run whose backend does not say shows
+    "unknown", never 0."""
+    root = tmp_path / "runs"
+    items = {f"q{i}": {"score": 100.0 * (i % 2), "parse_failure_rate": 0.0, "truncated_rate": 100.0 * (i < 3)}
+             for i in range(12)}
+    write_cell(root / "a", "zero_shot", "llava", "xvnli", "ar", 0, items, {"rule": "generate"})
+    plain = {k: {"score": v["score"]} for k, v in items.items()}
+    write_cell(root / "b", "zero_shot", "imported", "xvnli", "ar", 0, plain, {"rule": "generate"})
+    result = root / "b" / "zero_shot" / "imported" / "xvnli" / "ar" / "seed0" / "result.json"
+    record = json.loads(result.read_text())
+    record["metrics"]["truncated_rate"] = None                     # imported answers: unknown
+    result.write_text(json.dumps(record))
+    assert volta_ml(["report", str(root), "--out", str(tmp_path / "r"), "--no_plots"]) == 0
+    cut = {r["model"]: r for r in rows(tmp_path / "r" / "truncated.csv")}
+    expected = stats.interval([v["truncated_rate"] for v in items.values()])
+    assert cut["llava"]["truncated_rate"] == "25.0" and float(cut["llava"]["ci_low"]) == expected.low
+    assert cut["imported"]["truncated_rate"] == "unknown" and cut["imported"]["ci_low"] == ""
+    uncertainty = {(r["model"], r["column"]): r for r in rows(tmp_path / "r" / "uncertainty" / "XVNLI_0.csv")}
+    assert uncertainty[("llava", "ar")]["truncated_rate"] == "25.0"
+    assert float(uncertainty[("llava", "ar")]["truncated_high"]) == expected.high
+    assert uncertainty[("imported", "ar")]["truncated_rate"] == "unknown"
+    assert "| XVNLI_0 | imported | ar | unknown |" in (tmp_path / "r" / "truncated.md").read_text()
+    capsys.readouterr()
+    assert volta_ml(["compare", str(root / "a"), str(root / "b"), "--out", str(tmp_path / "c")]) == 0
+    assert "truncated: A 25.00%, B unknown" in capsys.readouterr().out
+    compared = {r["column"]: r for r in rows(tmp_path / "c" / "compare.csv")}
+    assert (compared["ar"]["A_truncated_rate"], compared["ar"]["B_truncated_rate"]) == ("25.0", "unknown")
+    assert (compared["avg"]["A_truncated_rate"], compared["avg"]["B_truncated_rate"]) == ("25.0", "unknown")

@@ -546,6 +546,9 @@ def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
     assert m3[3] == "PANGEA-7B [Pangea] (published),32.9,32.9" and not any("Centurio" in r for r in m3)
     errors = (report / "M3Exam_format_errors.csv").read_text().splitlines()
     assert errors[0] == "model,th,mul" and errors[1].startswith("vlm (generate),") and len(errors) == 2
+    # (#44) the generation rules' truncated answers per cell (the fake backend's: none cut)
+    assert (report / "MTVQA_truncated.csv").read_text().splitlines()[1:] == ["vlm,0.0,0.0,0.0,0.0"]
+    assert (report / "M3Exam_truncated.csv").read_text().splitlines()[1:] == ["vlm (generate),0.0,0.0"]
     assert (report / "XM3600_retrieval_ir_r1.csv").read_text().startswith("model,en,de,mul\nvlm,")
     kal = (report / "Kaleidoscope.csv").read_text().splitlines()
     assert kal[0] == "model,en,uk,mul,avg"

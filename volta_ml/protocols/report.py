@@ -17,7 +17,8 @@ Uncertainty (uncertainty.py, volta_ml/stats.py): the Markdown/LaTeX cells of rec
 `value ± half-width` of a bootstrap interval (or `value [low, high]`); the CSVs stay IGLUE's, and
 `uncertainty/<stem>.csv` has every cell's interval, items, seeds (n, mean, std, per seed) and format-error rate;
 `seeds.*` lists the cells run with several seeds, `format_errors.*` the generate rule's unparsed answers per cell,
-`baseline.*` every row's paired difference from the baseline row.
+`truncated.*` its answers cut at max_new_tokens per cell, `baseline.*` every row's paired difference from the
+baseline row (with Holm's p-values across each table's cells).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from volta_ml.stats import Options, fixed, latex_text, seed_spread
 from .iglue import TASKS, shot_count
 from .uncertainty import (
     AVG, COMPARE_HEADER, UNCERTAINTY_HEADER, CellComparison, CellStats, ItemFiles, cell_text, compare_items,
-    compare_md_header, compare_rows, seed_items, table_stats, uncertainty_rows,
+    compare_md_header, compare_rows, seed_items, table_stats, truncation_text, uncertainty_rows,
 )
 
 MISSING = -1.0
@@ -438,22 +439,36 @@ def write_seeds(tables, stats, digits: int, emit) -> None:
 
 
 def write_format_errors(tables, stats, digits: int, emit) -> None:
-    """`format_errors.*`: the generate rule's unparsed answers, % of the items of each cell (with its interval)."""
+    """`format_errors.*`: the generate rule's unparsed answers, % of the items of each cell (with its interval);
+    `truncated.*`: its answers cut at max_new_tokens, % of the items of each cell (with its interval, or "unknown"
+    where the backend does not say)."""
     header = ["table", "model", "column", "format errors (%)"]
     rows, csv_rows = [], [["table", "model", "column", "format_error_rate", "ci_low", "ci_high"]]
+    cut_rows, cut_csv = [], [["table", "model", "column", "truncated_rate", "ci_low", "ci_high"]]
     for stem, table in tables:
         for model in table.models:
             for column in table.columns:
                 s = stats[stem].get((model, column))
-                if s is None or s.format_errors is None:
+                if s is None:
                     continue
-                fe = s.format_interval
-                text = fixed(s.format_errors, digits) + (f" [{fixed(fe.low, digits)}, {fixed(fe.high, digits)}]" if fe else "")
-                rows.append([stem, model, column, text])
-                csv_rows.append([stem, model, column, repr(s.format_errors), "" if fe is None else repr(fe.low),
-                                 "" if fe is None else repr(fe.high)])
+                if s.format_errors is not None:
+                    fe = s.format_interval
+                    text = fixed(s.format_errors, digits) + \
+                        (f" [{fixed(fe.low, digits)}, {fixed(fe.high, digits)}]" if fe else "")
+                    rows.append([stem, model, column, text])
+                    csv_rows.append([stem, model, column, repr(s.format_errors), "" if fe is None else repr(fe.low),
+                                     "" if fe is None else repr(fe.high)])
+                shown = truncation_text(s, digits)
+                if shown is not None:
+                    tr = s.truncated_interval
+                    cut_rows.append([stem, model, column, shown])
+                    cut_csv.append([stem, model, column, shown if s.truncated_unknown else repr(s.truncated),
+                                    "" if tr is None else repr(tr.low), "" if tr is None else repr(tr.high)])
     if rows:
         emit("format_errors", _csv(csv_rows), header, rows, "generate rule: answers that named no option (%)")
+    if cut_rows:
+        emit("truncated", _csv(cut_csv), ["table", "model", "column", "truncated answers (%)"], cut_rows,
+             "generate rule: answers cut at max_new_tokens (%); unknown: the backend does not say")
 
 
 def write_baseline(tables, baseline: str, files, options: Options, digits: int, emit,

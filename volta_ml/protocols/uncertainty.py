@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from volta_ml.engine.failures import UsageError
 
 from volta_ml.stats import (
-    Comparison, Interval, ItemsError, Options, SeedSpread, fixed, format_estimate, holm, metric_values,
-    read_items, seed_spread,
+    TRUNCATED, UNKNOWN, Comparison, Interval, ItemsError, Options, SeedSpread, fixed, format_estimate, holm,
+    metric_values, read_items, seed_spread,
 )
 
 FORMAT_ERRORS = "parse_failure_rate"   # the generate rule's unparsed answers (% of items), iglue-hf's metric
@@ -75,6 +75,9 @@ class CellStats:
     format_interval: Interval | None = None
     note: str = ""                               # why there is no interval
     items: int | None = None
+    truncated: float | None = None               # generation: mean over seeds of the truncated rate (%)
+    truncated_interval: Interval | None = None
+    truncated_unknown: bool = False              # a seed's backend does not say (imported answers)
 
 
 def metric_seeds(records: list[dict], metric: str) -> SeedSpread | None:
@@ -88,13 +91,39 @@ def cell_stats(records: list[dict], metric: str, files: ItemFiles, options: Opti
     items, stats.note = seed_items(records, metric, files)
     if items:
         stats.interval, stats.items = options.interval(list(items.values())), len(items)
-    errors = metric_seeds(records, FORMAT_ERRORS)
-    if errors:
-        stats.format_errors = errors.mean
-        error_items, _ = seed_items(records, FORMAT_ERRORS, files)
-        if error_items:
-            stats.format_interval = options.interval(list(error_items.values()))
+    stats.format_errors, stats.format_interval = rate_stats(records, FORMAT_ERRORS, files, options)
+    stats.truncated_unknown = truncation_unknown(records)
+    if not stats.truncated_unknown:
+        stats.truncated, stats.truncated_interval = rate_stats(records, TRUNCATED, files, options)
     return stats
+
+
+def rate_stats(records: list[dict], key: str, files: ItemFiles, options: Options) -> tuple[float | None,
+                                                                                        Interval | None]:
+    """A cell's rate (format errors, truncated answers: % of its items): the mean over seeds, and the interval over
+    its items where the per-item files carry them."""
+    seeds = metric_seeds(records, key)
+    if seeds is None:
+        return None, None
+    items, _ = seed_items(records, key, files)
+    return seeds.mean, options.interval(list(items.values())) if items else None
+
+
+def truncation_unknown(records: list[dict]) -> bool:
+    """A generation run whose backend does not say which answers were cut (`truncated_rate` recorded as null)."""
+    return any(TRUNCATED in r.get("metrics", {}) and r["metrics"][TRUNCATED] is None for r in records)
+
+
+def truncation_text(stats: "CellStats | None", digits: int) -> str | None:
+    """A cell's truncated rate as the tables show it (`12.50 [3.10, 25.00]`), "unknown", or None (no generation)."""
+    if stats is None:
+        return None
+    if stats.truncated_unknown:
+        return UNKNOWN
+    if stats.truncated is None:
+        return None
+    iv = stats.truncated_interval
+    return fixed(stats.truncated, digits) + (f" [{fixed(iv.low, digits)}, {fixed(iv.high, digits)}]" if iv else "")
 
 
 def language_items(sources: dict[str, list[dict]], langs: list[str], metric: str,
@@ -157,7 +186,8 @@ def cell_text(value: float | None, stats: CellStats | None, digits: int, style: 
 
 UNCERTAINTY_HEADER = ["model", "column", "value", "ci_low", "ci_high", "items", "seeds", "seed_mean", "seed_std",
                       "per_seed", "format_error_rate", "format_error_low", "format_error_high", "note", "method",
-                      "confidence", "n_resamples", "bootstrap_seed"]
+                      "confidence", "n_resamples", "bootstrap_seed", "truncated_rate", "truncated_low",
+                      "truncated_high"]
 
 
 def _num(value) -> str:
@@ -172,20 +202,23 @@ def uncertainty_rows(table, stats: dict[tuple[str, str], CellStats], options: Op
             s = stats.get((model, column))
             if s is None or s.value is None:
                 continue
-            iv, seeds, fe = s.interval, s.seeds, s.format_interval
+            iv, seeds, fe, tr = s.interval, s.seeds, s.format_interval, s.truncated_interval
             rows.append([model, column, _num(s.value), _num(iv and iv.low), _num(iv and iv.high),
                          "" if s.items is None else str(s.items), "" if seeds is None else str(seeds.n),
                          _num(seeds and seeds.mean), _num(seeds and seeds.std),
                          " ".join(repr(v) for v in seeds.values) if seeds else "",
                          _num(s.format_errors), _num(fe and fe.low), _num(fe and fe.high), s.note,
-                         options.method, repr(options.confidence), str(options.n_resamples), str(options.seed)])
+                         options.method, repr(options.confidence), str(options.n_resamples), str(options.seed),
+                         UNKNOWN if s.truncated_unknown else _num(s.truncated), _num(tr and tr.low),
+                         _num(tr and tr.high)])
     return rows
 
 
 # --- comparisons of two rows ---------------------------------------------------------------------------------------
 COMPARE_HEADER = ["table", "column", "A", "B", "A_value", "B_value", "difference", "ci_low", "ci_high", "p_value",
                   "p_holm", "exact", "paired_items", "only_in_A", "only_in_B", "note", "A_ci_low", "A_ci_high", "B_ci_low",
-                  "B_ci_high"]
+                  "B_ci_high", "A_truncated_rate", "B_truncated_rate"]
+TRUNCATED_SIDES = ("A_truncated_rate", "B_truncated_rate")
 
 
 @dataclass
@@ -201,22 +234,32 @@ class CellComparison:
 
     def csv_row(self) -> list[str]:
         r = self.result
+        cut = [self.extra.get(side, "") for side in TRUNCATED_SIDES]
         if r is None:
-            return [self.table, self.column, self.a, self.b] + [""] * 11 + [self.note] + [""] * 4
+            return [self.table, self.column, self.a, self.b] + [""] * 11 + [self.note] + [""] * 4 + cut
         return [self.table, self.column, self.a, self.b, repr(r.a), repr(r.b), repr(r.difference), repr(r.low),
                 repr(r.high), repr(r.p_value), _num(self.p_holm), str(r.exact).lower(), str(r.n), " ".join(r.only_a),
-                " ".join(r.only_b), self.note] + [_num(v) for v in (r.a_low, r.a_high, r.b_low, r.b_high)]
+                " ".join(r.only_b), self.note] + [_num(v) for v in (r.a_low, r.a_high, r.b_low, r.b_high)] + cut
+
+    def truncation_note(self, digits: int) -> str:
+        """`truncated: A 12.50%, B unknown` where a side's answers were generated, else ""."""
+        cut = {side[0]: self.extra.get(side, "") for side in TRUNCATED_SIDES}
+        if not any(cut.values()):
+            return ""
+        shown = lambda v: "–" if not v else v if v == UNKNOWN else f"{fixed(float(v), digits)}%"  # noqa: E731
+        return f"truncated: A {shown(cut['A'])}, B {shown(cut['B'])}"
 
     def markdown_row(self, digits: int, style: str = "pm") -> list[str]:
         """A and B with their own intervals over the paired items (`style`), the difference with its paired one."""
         r = self.result
+        note = "; ".join(x for x in (self.note, self.truncation_note(digits)) if x)
         if r is None:
-            return [self.table, self.column, self.a, self.b, "–", "–", "–", "–", "–", "–", self.note]
+            return [self.table, self.column, self.a, self.b, "–", "–", "–", "–", "–", "–", note]
         return [self.table, self.column, self.a, self.b, r.side_text("A", digits, style),
                 r.side_text("B", digits, style),
                 format_estimate(r.difference, r.low, r.high, digits, "brackets", signed=True), f"{r.p_value:.4f}",
                 "–" if self.p_holm is None else f"{self.p_holm:.4f}", str(r.n),
-                "; ".join(x for x in (r.missing_text(), self.note) if x)]
+                "; ".join(x for x in (r.missing_text(), note) if x)]
 
 
 def compare_md_header(options: Options) -> list[str]:
@@ -248,10 +291,31 @@ def row_items(table, row: str, metric: str, files: ItemFiles) -> dict[str, tuple
 
 def compare_rows(stem: str, table_a, row_a: str, table_b, row_b: str, metric: str, files: ItemFiles,
                  options: Options) -> list[CellComparison]:
-    """Row `row_a` of `table_a` minus row `row_b` of `table_b` (compare_items)."""
-    return compare_items(stem, row_a, row_b, row_items(table_a, row_a, metric, files),
-                         row_items(table_b, row_b, metric, files), table_a.aggregate_columns(),
-                         table_b.aggregate_columns(), options)
+    """Row `row_a` of `table_a` minus row `row_b` of `table_b` (compare_items), with each side's truncated rate."""
+    cells = compare_items(stem, row_a, row_b, row_items(table_a, row_a, metric, files),
+                          row_items(table_b, row_b, metric, files), table_a.aggregate_columns(),
+                          table_b.aggregate_columns(), options)
+    aggregates = dict(table_a.aggregate_columns())
+    for cell in cells:
+        for side, table, row in zip(TRUNCATED_SIDES, (table_a, table_b), (row_a, row_b)):
+            sources = table.sources.get(row, {})
+            langs = aggregates.get(cell.column, [cell.column])
+            cell.extra[side] = truncated_rate_text([sources.get(lang, []) for lang in langs])
+    return cells
+
+
+def truncated_rate_text(cells: list[list[dict]]) -> str:
+    """The truncated rate of one cell (or the mean over an aggregate's languages) from its records, as the CSV
+    writes it: repr of the %, "unknown", or "" (not a generation rule, or a language missing)."""
+    rates = []
+    for records in cells:
+        if truncation_unknown(records):
+            return UNKNOWN
+        seeds = metric_seeds(records, TRUNCATED) if records else None
+        if seeds is None:
+            return ""
+        rates.append(seeds.mean)
+    return repr(sum(rates) / len(rates)) if rates else ""
 
 
 def compare_items(stem: str, row_a: str, row_b: str, items_a: dict, items_b: dict, aggregates_a: list,
