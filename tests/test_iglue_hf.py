@@ -139,6 +139,8 @@ def test_xgqa_generate_records_the_answers_cut_at_max_new_tokens(world, tmp_path
     assert result["metrics"]["truncated_rate"] == pytest.approx(100.0 * len(cut) / len(examples))
     items = read_items(tmp_path / "cut" / "test_de_items.jsonl")
     assert [v["truncated_rate"] for v in items.values()] == [100.0 * (i in cut) for i in items]
+    # (#44) each item names the image it asks about: the intervals resample images (xGQA: several per scene)
+    assert [v["cluster"] for v in items.values()] == ["+".join(ref.id for ref in e.images) for e in examples]
     err = capsys.readouterr().err
     warnings = [line for line in err.splitlines() if "max_new_tokens" in line]
     assert len(warnings) == 1 and f"xgqa generate: {len(cut)} of {len(examples)} answers" in warnings[0], err

@@ -31,7 +31,7 @@ def write_cell(root: Path, protocol: str, model: str, task: str, lang: str, seed
     stats.write_items(cell / "eval" / "test_items.jsonl", [{"id": k, **v} for k, v in items.items()])
     metrics = {}
     for values in items.values():
-        for metric in values:
+        for metric in [m for m in values if m not in stats.RESERVED]:
             column = [v[metric] for v in items.values() if metric in v]
             metrics[metric] = sum(column) / len(column) if digits is None else round(sum(column) / len(column), digits)
     cell.mkdir(parents=True, exist_ok=True)
@@ -324,3 +324,33 @@ def test_truncated_answers_per_cell_in_report_and_compare(tmp_path, capsys):
     compared = {r["column"]: r for r in rows(tmp_path / "c" / "compare.csv")}
     assert (compared["ar"]["A_truncated_rate"], compared["ar"]["B_truncated_rate"]) == ("25.0", "unknown")
     assert (compared["avg"]["A_truncated_rate"], compared["avg"]["B_truncated_rate"]) == ("25.0", "unknown")
+
+
+def test_cells_resample_the_images_their_items_name(tmp_path, capsys):
+    """(#44) items that name their image (`cluster`) are resampled image by image within each language, in the
+    cells, the `avg` and the comparisons, and the CSVs record it; a cell without cluster keys falls back to items,
+    recorded as such."""
+    root = tmp_path / "runs"
+    rng = np.random.default_rng(4)
+    for side, model, p in (("a", "uc2", 0.7), ("b", "m3p", 0.5)):
+        for lang in ("ar", "fr"):
+            items = {f"q{i}": {"score": 100.0 * (rng.random() < p), "cluster": f"img{i // 4}"} for i in range(24)}
+            if lang == "fr" and side == "b":
+                items = {k: {"score": v["score"]} for k, v in items.items()}      # no image named: items
+            write_cell(root / side, "zero_shot", model, "xvnli", lang, 0, items)
+    assert volta_ml(["report", str(root / "a"), "--out", str(tmp_path / "r"), "--no_plots"]) == 0
+    cells = {r["column"]: r for r in rows(tmp_path / "r" / "uncertainty" / "XVNLI_0.csv")}
+    ar = stats.read_items(root / "a/zero_shot/uc2/xvnli/ar/seed0/eval/test_items.jsonl")
+    expected = stats.interval([v["score"] for v in ar.values()], clusters=[v["cluster"] for v in ar.values()])
+    assert (float(cells["ar"]["ci_low"]), float(cells["ar"]["ci_high"])) == (expected.low, expected.high)
+    assert cells["ar"]["resampling"] == "image clusters (6)" and cells["avg"]["resampling"] == "image clusters (12)"
+    assert volta_ml(["compare", str(root / "a"), str(root / "b"), "--out", str(tmp_path / "c")]) == 0
+    compared = {r["column"]: r for r in rows(tmp_path / "c" / "compare.csv")}
+    b = stats.read_items(root / "b/zero_shot/m3p/xvnli/ar/seed0/eval/test_items.jsonl")
+    expected = stats.compare_items({k: v["score"] for k, v in ar.items()}, {k: v["score"] for k, v in b.items()},
+                                   clusters={k: v["cluster"] for k, v in ar.items()})
+    assert (float(compared["ar"]["ci_low"]), float(compared["ar"]["p_value"])) == (expected.low, expected.p_value)
+    assert compared["ar"]["resampling"] == "image clusters (6)" and compared["fr"]["resampling"] == "image clusters (6)"
+    assert volta_ml(["report", str(root / "b"), "--out", str(tmp_path / "rb"), "--no_plots"]) == 0
+    cells = {r["column"]: r for r in rows(tmp_path / "rb" / "uncertainty" / "XVNLI_0.csv")}
+    assert cells["fr"]["resampling"] == "items" and cells["avg"]["resampling"] == "items"

@@ -241,6 +241,9 @@ def test_generation_rules_record_the_answers_cut_at_max_new_tokens(suite, tmp_pa
     assert result["metrics"]["truncated_rate"] == pytest.approx(100.0 * len(expected) / len(rows))
     items = stats.read_items(tmp_path / "cut" / "test_en_items.jsonl")
     assert [v["truncated_rate"] for v in items.values()] == [100.0 * (r["generated"] == cut) for r in rows]
+    opts = options(suite, "maxm", "en", tmp_path / "cut")
+    data = TASKS["maxm"].reader(resolve(opts["data"]), "en", opts)        # (#44) each item names its image
+    assert [v["cluster"] for v in items.values()] == ["+".join(map(str, item.images)) for item in data.items]
     warnings = [l for l in capsys.readouterr().err.splitlines() if "stopped at max_new_tokens" in l]
     assert len(warnings) == 1 and f"{len(expected)} of {len(rows)} answers" in warnings[0]
 

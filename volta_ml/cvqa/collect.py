@@ -90,6 +90,12 @@ class Predictions:
         chosen = np.flatnonzero(keep)
         return ({self.ids[i]: float(values[i]) for i in chosen}, {self.ids[i]: self.groups["pair"][i] for i in chosen})
 
+    def clusters(self) -> dict[str, str] | None:
+        """{ID: the image it asks about} (the intervals resample images within pairs), or None for a file written
+        without its image column (then questions are resampled one by one)."""
+        images = self.groups.get("image")
+        return None if images is None else dict(zip(self.ids, images))
+
     @property
     def correct(self) -> np.ndarray:
         return (self.prediction == self.label) & self.labelled
@@ -169,6 +175,8 @@ def read_predictions(path: Path) -> Predictions:
               "image_type": [paper_image_source(r["image_type"]) for r in rows]}
     if "question_en" in rows[0]:
         groups["question_type"] = [question_type(r["question_en"]) for r in rows]
+    if all(r.get("image") for r in rows):         # written since issue 44: the image, the intervals' cluster
+        groups["image"] = [r["image"] for r in rows]
     return Predictions(path, prediction, label, groups, frozenset(r.get("revision") or "unknown" for r in rows),
                        unique_ids(r["ID"] for r in rows), scores)
 

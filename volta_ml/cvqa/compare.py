@@ -30,7 +30,8 @@ def compare_two(run_a: Run, run_b: Run, options: Options) -> list[CellComparison
             elif not set(a) & set(b):
                 cell.note = f"no question in common ({len(a)} in A, {len(b)} in B)"
             else:
-                cell.result = options.compare(a, b, pairs, average=average)
+                cell.result = options.compare(a, b, pairs, average=average,
+                                              clusters=run_a.conditions[condition].clusters())
             out.append(cell)
     return holm_adjust(out)
 

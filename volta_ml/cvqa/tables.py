@@ -55,7 +55,9 @@ def measured(preds: Predictions | None, options: Options, group: str | None = No
     values, pairs = preds.items(group, key)
     if not values:
         return None
-    iv = options.interval(list(values.values()), list(pairs.values()), average=average)
+    images = preds.clusters()
+    iv = options.interval(list(values.values()), list(pairs.values()), average=average,
+                          clusters=None if images is None else [images[i] for i in values])
     return Measured(_average(values, pairs, average), iv.low, iv.high)
 
 
@@ -79,7 +81,7 @@ def gap(en: Predictions | None, loc: Predictions | None, options: Options):
     (a, pairs), (b, _) = en.items(), loc.items()
     if set(a) != set(b):
         return en_v - loc_v
-    diff = options.compare(a, b, pairs)
+    diff = options.compare(a, b, pairs, clusters=en.clusters())
     return Measured(en_v - loc_v, diff.low, diff.high)
 
 

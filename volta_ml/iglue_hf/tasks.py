@@ -102,7 +102,8 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
             if truncated is not None and truncated.flags is not None:
                 row["truncated"] = bool(truncated.flags[k])
     write_predictions(out_dir / "predictions.jsonl", rows)
-    write_items(out_dir / f"{split}_items.jsonl", generative_items(rows, "parse_failure_rate" in metrics, truncated))
+    write_items(out_dir / f"{split}_items.jsonl", generative_items(rows, "parse_failure_rate" in metrics, truncated,
+                                                                   [image_cluster(e.images) for e in examples]))
     log_score(task, score)
     if truncated is not None and truncated.warning(f"{task} {rule_name}"):
         print(truncated.warning(f"{task} {rule_name}"), file=sys.stderr)
@@ -115,14 +116,22 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
             **(truncated.record() if truncated is not None else {})}
 
 
-def generative_items(rows: list[dict], parsed: bool, truncated: Truncation | None = None) -> list[dict]:
+def image_cluster(images) -> str | None:
+    """The cluster key of an item (volta_ml/stats.py): the image it asks about (XVNLI's Flickr30k photo, xGQA's
+    scene: several questions share one), `a+b` for MaRVL's pair; None without images."""
+    return "+".join(ref.id for ref in images) or None
+
+
+def generative_items(rows: list[dict], parsed: bool, truncated: Truncation | None = None,
+                     clusters: list[str | None] | None = None) -> list[dict]:
     """Per-item rows (volta_ml/stats.py): `score` 100 for an exact match, and with the generate rule of a multiple
     choice task `parse_failure_rate` 100 for an answer that named no option, and with the generate rule
-    `truncated_rate` 100 for an answer cut at max_new_tokens (where the backend says); ids as the zoo's eval names
-    them."""
+    `truncated_rate` 100 for an answer cut at max_new_tokens (where the backend says); `cluster`: the image(s)
+    the item asks about (the intervals resample images); ids as the zoo's eval names them."""
     out = []
     for k, (item, row) in enumerate(zip(unique_ids(r["id"] for r in rows), rows)):
-        values = {"id": item, "score": 100.0 * (row["prediction"] == row["label"])}
+        values = {"id": item, "score": 100.0 * (row["prediction"] == row["label"]),
+                  "cluster": clusters[k] if clusters else None}
         if parsed:
             values["parse_failure_rate"] = 100.0 * (row["prediction"] == "")
         out.append({**values, **(truncated.item(k) if truncated is not None else {})})

@@ -22,7 +22,7 @@ from volta_ml.engine.failures import UsageError
 
 from volta_ml.stats import (
     TRUNCATED, UNKNOWN, Comparison, Interval, ItemsError, Options, SeedSpread, fixed, format_estimate, holm,
-    metric_values, read_items, seed_spread,
+    item_clusters, metric_values, read_items, seed_spread,
 )
 
 FORMAT_ERRORS = "parse_failure_rate"   # the generate rule's unparsed answers (% of items), iglue-hf's metric
@@ -66,6 +66,26 @@ def seed_items(records: list[dict], metric: str, files: ItemFiles) -> tuple[dict
     return {i: sum(v[i] for v in per_seed) / len(per_seed) for i in first}, ""
 
 
+def seed_clusters(records: list[dict], files: ItemFiles) -> dict[str, str] | None:
+    """The cell's {item id: cluster key} (the image each item asks about) from its per-item files, or None when a
+    file names no cluster for some item (then its intervals resample items one by one, and record that)."""
+    found = None
+    for record in records:
+        items = files.of(record)
+        clusters = item_clusters(items) if items else None
+        if clusters is None:
+            return None
+        found = {**clusters, **(found or {})}
+    return found
+
+
+def cluster_list(items: dict[str, float], clusters: dict[str, str] | None) -> list[str] | None:
+    """The cluster of each of `items` in order, or None when one has none."""
+    if clusters is None or any(i not in clusters for i in items):
+        return None
+    return [clusters[i] for i in items]
+
+
 @dataclass
 class CellStats:
     value: float | None
@@ -90,7 +110,9 @@ def cell_stats(records: list[dict], metric: str, files: ItemFiles, options: Opti
     stats = CellStats(seeds.mean if seeds else None, seeds=seeds)
     items, stats.note = seed_items(records, metric, files)
     if items:
-        stats.interval, stats.items = options.interval(list(items.values())), len(items)
+        stats.interval = options.interval(list(items.values()),
+                                          clusters=cluster_list(items, seed_clusters(records, files)))
+        stats.items = len(items)
     stats.format_errors, stats.format_interval = rate_stats(records, FORMAT_ERRORS, files, options)
     stats.truncated_unknown = truncation_unknown(records)
     if not stats.truncated_unknown:
@@ -106,7 +128,9 @@ def rate_stats(records: list[dict], key: str, files: ItemFiles, options: Options
     if seeds is None:
         return None, None
     items, _ = seed_items(records, key, files)
-    return seeds.mean, options.interval(list(items.values())) if items else None
+    if not items:
+        return seeds.mean, None
+    return seeds.mean, options.interval(list(items.values()), clusters=cluster_list(items, seed_clusters(records, files)))
 
 
 def truncation_unknown(records: list[dict]) -> bool:
@@ -140,6 +164,18 @@ def language_items(sources: dict[str, list[dict]], langs: list[str], metric: str
     return values, groups, ""
 
 
+def language_clusters(sources: dict[str, list[dict]], langs: list[str], files: ItemFiles) -> dict[str, str] | None:
+    """{"<lang>/<id>": "<lang>/<cluster>"} over several languages (an image is a cluster within its language), or
+    None when a language's items name no cluster."""
+    out = {}
+    for lang in langs:
+        clusters = seed_clusters(sources.get(lang, []), files) if sources.get(lang) else None
+        if clusters is None:
+            return None
+        out.update({f"{lang}/{i}": f"{lang}/{c}" for i, c in clusters.items()})
+    return out
+
+
 def average_seeds(sources: dict[str, list[dict]], langs: list[str], metric: str) -> SeedSpread | None:
     """The spread over seeds of the average over `langs`, where every language was run with the same seeds."""
     per_lang = [{r.get("seed"): r["metrics"][metric] for r in sources.get(lang, [])} for lang in langs]
@@ -166,7 +202,9 @@ def table_stats(table, metric: str, files: ItemFiles, options: Options) -> dict[
             stats = CellStats(value, seeds=average_seeds(sources, langs, metric))
             values, groups, stats.note = language_items(sources, langs, metric, files)
             if values:
-                stats.interval = options.interval(list(values.values()), list(groups.values()), average="macro")
+                stats.interval = options.interval(list(values.values()), list(groups.values()), average="macro",
+                                                  clusters=cluster_list(values, language_clusters(sources, langs,
+                                                                                                  files)))
                 stats.items = len(values)
             out[(model, name)] = stats
     return out
@@ -187,7 +225,7 @@ def cell_text(value: float | None, stats: CellStats | None, digits: int, style: 
 UNCERTAINTY_HEADER = ["model", "column", "value", "ci_low", "ci_high", "items", "seeds", "seed_mean", "seed_std",
                       "per_seed", "format_error_rate", "format_error_low", "format_error_high", "note", "method",
                       "confidence", "n_resamples", "bootstrap_seed", "truncated_rate", "truncated_low",
-                      "truncated_high"]
+                      "truncated_high", "resampling"]
 
 
 def _num(value) -> str:
@@ -210,14 +248,14 @@ def uncertainty_rows(table, stats: dict[tuple[str, str], CellStats], options: Op
                          _num(s.format_errors), _num(fe and fe.low), _num(fe and fe.high), s.note,
                          options.method, repr(options.confidence), str(options.n_resamples), str(options.seed),
                          UNKNOWN if s.truncated_unknown else _num(s.truncated), _num(tr and tr.low),
-                         _num(tr and tr.high)])
+                         _num(tr and tr.high), iv.resampling if iv else ""])
     return rows
 
 
 # --- comparisons of two rows ---------------------------------------------------------------------------------------
 COMPARE_HEADER = ["table", "column", "A", "B", "A_value", "B_value", "difference", "ci_low", "ci_high", "p_value",
                   "p_holm", "exact", "paired_items", "only_in_A", "only_in_B", "note", "A_ci_low", "A_ci_high", "B_ci_low",
-                  "B_ci_high", "A_truncated_rate", "B_truncated_rate"]
+                  "B_ci_high", "A_truncated_rate", "B_truncated_rate", "resampling"]
 TRUNCATED_SIDES = ("A_truncated_rate", "B_truncated_rate")
 
 
@@ -236,10 +274,11 @@ class CellComparison:
         r = self.result
         cut = [self.extra.get(side, "") for side in TRUNCATED_SIDES]
         if r is None:
-            return [self.table, self.column, self.a, self.b] + [""] * 11 + [self.note] + [""] * 4 + cut
+            return [self.table, self.column, self.a, self.b] + [""] * 11 + [self.note] + [""] * 4 + cut + [""]
         return [self.table, self.column, self.a, self.b, repr(r.a), repr(r.b), repr(r.difference), repr(r.low),
                 repr(r.high), repr(r.p_value), _num(self.p_holm), str(r.exact).lower(), str(r.n), " ".join(r.only_a),
-                " ".join(r.only_b), self.note] + [_num(v) for v in (r.a_low, r.a_high, r.b_low, r.b_high)] + cut
+                " ".join(r.only_b), self.note] + [_num(v) for v in (r.a_low, r.a_high, r.b_low, r.b_high)] + cut + \
+            [r.resampling]
 
     def truncation_note(self, digits: int) -> str:
         """`truncated: A 12.50%, B unknown` where a side's answers were generated, else ""."""
@@ -292,9 +331,11 @@ def row_items(table, row: str, metric: str, files: ItemFiles) -> dict[str, tuple
 def compare_rows(stem: str, table_a, row_a: str, table_b, row_b: str, metric: str, files: ItemFiles,
                  options: Options) -> list[CellComparison]:
     """Row `row_a` of `table_a` minus row `row_b` of `table_b` (compare_items), with each side's truncated rate."""
+    sources_a = table_a.sources.get(row_a, {})
+    clusters = {c: seed_clusters(sources_a[c], files) if sources_a.get(c) else None for c in table_a.columns}
     cells = compare_items(stem, row_a, row_b, row_items(table_a, row_a, metric, files),
                           row_items(table_b, row_b, metric, files), table_a.aggregate_columns(),
-                          table_b.aggregate_columns(), options)
+                          table_b.aggregate_columns(), options, clusters)
     aggregates = dict(table_a.aggregate_columns())
     for cell in cells:
         for side, table, row in zip(TRUNCATED_SIDES, (table_a, table_b), (row_a, row_b)):
@@ -319,11 +360,13 @@ def truncated_rate_text(cells: list[list[dict]]) -> str:
 
 
 def compare_items(stem: str, row_a: str, row_b: str, items_a: dict, items_b: dict, aggregates_a: list,
-                  aggregates_b: list, options: Options) -> list[CellComparison]:
+                  aggregates_b: list, options: Options, clusters: dict | None = None) -> list[CellComparison]:
     """A minus B per language column both sides have (`items_*`: column -> (items, why none), as row_items gives
     them) and per aggregate (`avg`, `mul`: (name, languages)) over its languages both have: the paired difference
     on the items both scored (those on one side only are named), its paired bootstrap interval (an aggregate's
-    resampled within each language) and the permutation p-value."""
+    resampled within each language; `clusters`: column -> A's {item id: cluster}, the images resampled and
+    sign-flipped as wholes where every paired item names one) and the permutation p-value."""
+    clusters = clusters or {}
     out = []
     for column in [c for c in items_a if c in items_b]:
         cell = CellComparison(stem, column, row_a, row_b)
@@ -334,7 +377,7 @@ def compare_items(stem: str, row_a: str, row_b: str, items_a: dict, items_b: dic
         elif not set(a) & set(b):
             cell.note = f"no item in common ({len(a)} in A, {len(b)} in B)"
         else:
-            cell.result = options.compare(a, b)
+            cell.result = options.compare(a, b, clusters=clusters.get(column))
         out.append(cell)
     for name, langs in aggregates_a:
         targets = [t for t in langs if t in dict(aggregates_b).get(name, ())]
@@ -354,7 +397,11 @@ def compare_items(stem: str, row_a: str, row_b: str, items_a: dict, items_b: dic
             if not set(a) & set(b):
                 cell.note = "no item in common"
             else:
-                cell.result = options.compare(a, b, {key: key.split("/", 1)[0] for key in a}, average="macro")
+                per_lang = [clusters.get(lang) for lang in targets]
+                keyed = None if None in per_lang else {f"{lang}/{i}": f"{lang}/{c}" for lang, found in
+                                                       zip(targets, per_lang) for i, c in found.items()}
+                cell.result = options.compare(a, b, {key: key.split("/", 1)[0] for key in a}, average="macro",
+                                              clusters=keyed)
         out.append(cell)
     return holm_adjust(out)
 

@@ -278,10 +278,12 @@ def judged_items(items, judged, truncated: Truncation | None = None) -> list[dic
     """The per-item file's rows (volta_ml/stats.py): `score` 100 x the item's score (1 / 0, or its CIDEr: their
     mean is `summarise`'s score) and, for an item whose answer was parsed or not, `format_error_rate` (100 when it
     named no option), and with a generation rule `truncated_rate` (100 for an answer cut at max_new_tokens, where
-    the backend says), so the report bootstraps them."""
+    the backend says), so the report bootstraps them; `cluster`: the image(s) the item asks about (MaXM, MTVQA,
+    xMMMU: several questions share one), which the intervals resample as a whole."""
     rows = []
     for k, (item, j) in enumerate(zip(unique_ids(item.id for item in items), judged)):
-        row = {"id": item, "score": 100.0 * float(j.score)}
+        row = {"id": item, "score": 100.0 * float(j.score),
+               "cluster": "+".join(map(str, items[k].images)) or None}   # the image(s) it asks about
         if j.parsed is not None:
             row["format_error_rate"] = 0.0 if j.parsed else 100.0
         rows.append({**row, **(truncated.item(k) if truncated is not None else {})})
