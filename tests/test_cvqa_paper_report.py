@@ -82,7 +82,7 @@ def write_folder(folder: Path, backend, model, rule, conditions, blind, legacy: 
     (folder / "cvqa_results.json").write_text(json.dumps(results))
 
 
-NO_ITEMS = ("EN paper", "EN diff", "LOC paper", "LOC diff", "p", "p (Holm)")   # the paper's numbers, differences, p-values
+NO_ITEMS = ("EN paper", "EN diff", "LOC paper", "LOC diff", "p", "p (Holm)")   # the paper's numbers, diffs, p
 
 
 def bare_cells(folder: Path) -> list[tuple]:

@@ -4,12 +4,13 @@ they are computed from. Serves every layer (it imports only `atomic.py`): the en
 
 The per-item record format (`<split>_items.jsonl`, beside the files an entry point already writes)
 ------------------------------------------------------------------------------------------------------
-JSON Lines, one object per item: `{"id": "<item id>", "<metric>": value, ...}`, optionally `"group": "<key>"`.
+JSON Lines, one object per item: `{"id": "<item id>", "<metric>": value, ...}`, optionally `"group": "<key>"` and
+`"cluster": "<key>"` (the image the item asks about: the intervals resample images).
 `id` names the item (a question id, `caption:<n>`, `image:<key>`) so that two runs can be paired item by item;
-every other key but `group` is a metric, and the cell's number for that metric is the mean of its items' values on
-the same scale (accuracy: 100 for a correct item, 0 for a wrong one; recall@k per retrieval query; a per-image
-caption score). An item may carry only some metrics (retrieval: a caption has the image-retrieval ones, an image
-the text-retrieval ones). `write_items` / `read_items` / `metric_values` read and write it.
+every other key but `group` and `cluster` is a metric, and the cell's number for that metric is the mean of its
+items' values on the same scale (accuracy: 100 for a correct item, 0 for a wrong one; recall@k per retrieval query;
+a per-image caption score). An item may carry only some metrics (retrieval: a caption has the image-retrieval
+ones, an image the text-retrieval ones). `write_items` / `read_items` / `metric_values` read and write it.
 
 Intervals (`interval`)
 ----------------------
@@ -22,6 +23,12 @@ same number of items per group. `average="micro"` is the mean over all items, `a
 mean of the groups' means (IGLUE's `avg` over languages, CVQA's macro over pairs). A group with one item is a
 constant of every resample; a cell whose items are all equal has the interval [value, value].
 
+With `clusters` (one key per item: the image it asks about, the per-item file's `cluster`) the bootstrap is the
+cluster bootstrap: scipy's bootstrap over each group's cluster indices (clusters in the order of their first item,
+drawn as items are: `rng.integers(0, n_clusters, (batch, n_clusters))`), a resample's group mean being the summed
+values of its drawn clusters over their number of items; a group with one cluster is a constant. With one item per
+cluster it is the item bootstrap, draw for draw. The Interval records it (`clusters`, `cluster_key`, `resampling`).
+
 Paired comparisons (`paired_test`, `compare_items`)
 ---------------------------------------------------
 The difference `a - b` of the same statistic on the same items (each side's value with its own `interval` over
@@ -30,11 +37,12 @@ bootstrap of the per-item differences, drawn as `interval` draws; for a mean the
 and a two-sided p-value from a paired permutation test: under the null hypothesis each
 item's two values are exchangeable, so the sign of its difference flips (`sign_flip_p_value`): exact over all 2^n
 sign patterns when 2^n <= `n_permutations`, otherwise approximate randomisation with `n_permutations` random
-patterns and p = (k + 1) / (n_permutations + 1). Many cells tested at once (a table's languages) also get Holm's adjusted
-p-values (`holm`), which keep the family-wise error rate across them. (`scipy.stats.permutation_test(permutation_type="samples")` is
-the same test, but it loops over the items in Python: 26 s for 9,000 items x 9,999 patterns on one core, 1.7 s
-here.) `compare_items` pairs two {id: value} mappings and names the items found on one side only: they are
-listed in the result, never dropped silently.
+patterns and p = (k + 1) / (n_permutations + 1); with clusters each cluster's summed contribution flips as
+one. Many cells tested at once (a table's languages) also get Holm's adjusted p-values (`holm`), which keep the
+family-wise error rate across them. (`scipy.stats.permutation_test(permutation_type="samples")` is the same test,
+but it loops over the items in Python: 26 s for 9,000 items x 9,999 patterns on one core, 1.7 s here.)
+`compare_items` pairs two {id: value} mappings and names the items found on one side only: they are listed in the
+result, never dropped silently.
 
 Seeds (`seed_spread`): the mean, the sample standard deviation (ddof=1; None for one seed) and n over seeds.
 """
@@ -106,8 +114,9 @@ def write_items(path: str | Path, rows: Iterable[Mapping]) -> Path:
 
 
 def read_items(path: str | Path) -> dict[str, dict]:
-    """{id: {metric: value, ("group": key), ("cluster": key)}} in file order. A file that cannot be read, a line that is not an item
-    record (the error names the file and the line) and a file with no record at all are `ItemsError`s."""
+    """{id: {metric: value, ("group": key), ("cluster": key)}} in file order. A file that cannot be read, a line
+    that is not an item record (the error names the file and the line) and a file with no record at all are
+    `ItemsError`s."""
     items: dict[str, dict] = {}
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()

@@ -97,7 +97,8 @@ def write_predictions(path: str | Path, questions: list[CVQAQuestion], predictio
                       revision: str, extra_scores: dict | None = None) -> Path:
     """`predictions_<condition>.csv`: one row per question with its prediction, label, groups, the four option
     scores at full precision (shortest round-trip repr: ties are real ties), the English question (for the
-    question-type breakdown) and the image (several questions share one: the intervals resample images). `scores` may be None (imported predictions): the score cells stay empty.
+    question-type breakdown) and the image (several questions share one: the intervals resample images). `scores`
+    may be None (imported predictions): the score cells stay empty.
     `extra_scores` {name: [N, 4]} adds columns `<name>_0..<name>_3` after those, e.g. the open rule's
     `length_normalised` and the text-only control's `text_only` scores of each question."""
     extra_scores = extra_scores or {}

@@ -430,7 +430,8 @@ def write_seeds(tables, stats, digits: int, emit) -> None:
                 if s is None or s.seeds is None or s.seeds.n < 2:
                     continue
                 seeds = s.seeds
-                rows.append([stem, model, column, str(seeds.n), f"{fixed(seeds.mean, digits)} ± {fixed(seeds.std, digits)}",
+                rows.append([stem, model, column, str(seeds.n),
+                             f"{fixed(seeds.mean, digits)} ± {fixed(seeds.std, digits)}",
                              ", ".join(fixed(v, digits) for v in seeds.values)])
                 csv_rows.append([stem, model, column, str(seeds.n), repr(seeds.mean), repr(seeds.std),
                                  " ".join(repr(v) for v in seeds.values)])

@@ -130,7 +130,8 @@ def rate_stats(records: list[dict], key: str, files: ItemFiles, options: Options
     items, _ = seed_items(records, key, files)
     if not items:
         return seeds.mean, None
-    return seeds.mean, options.interval(list(items.values()), clusters=cluster_list(items, seed_clusters(records, files)))
+    clusters = cluster_list(items, seed_clusters(records, files))
+    return seeds.mean, options.interval(list(items.values()), clusters=clusters)
 
 
 def truncation_unknown(records: list[dict]) -> bool:
@@ -254,8 +255,8 @@ def uncertainty_rows(table, stats: dict[tuple[str, str], CellStats], options: Op
 
 # --- comparisons of two rows ---------------------------------------------------------------------------------------
 COMPARE_HEADER = ["table", "column", "A", "B", "A_value", "B_value", "difference", "ci_low", "ci_high", "p_value",
-                  "p_holm", "exact", "paired_items", "only_in_A", "only_in_B", "note", "A_ci_low", "A_ci_high", "B_ci_low",
-                  "B_ci_high", "A_truncated_rate", "B_truncated_rate", "resampling"]
+                  "p_holm", "exact", "paired_items", "only_in_A", "only_in_B", "note", "A_ci_low", "A_ci_high",
+                  "B_ci_low", "B_ci_high", "A_truncated_rate", "B_truncated_rate", "resampling"]
 TRUNCATED_SIDES = ("A_truncated_rate", "B_truncated_rate")
 
 

@@ -218,11 +218,11 @@ def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, split
     with atomic_open(out_dir / "predictions.jsonl", "w", encoding="utf-8") as handle:
         for k, (item, j) in enumerate(zip(items, judged)):
             gold = ("ABCDEFGHIJKLMNOPQRSTUVWXYZ"[item.answer] if item.answer is not None else list(item.references))
-            handle.write(json.dumps({"id": item.id, "lang": item.lang, "score": j.score, "correct": j.score,
-                                     "parsed": j.parsed, "prediction": j.prediction, "gold": gold,
-                                     "generated": answers[k], "prompt": prompts[k],
-                                     **({"truncated": bool(truncated.flags[k])} if truncated is not None and truncated.flags
-                                        else {})}, ensure_ascii=False) + "\n")
+            line = {"id": item.id, "lang": item.lang, "score": j.score, "correct": j.score, "parsed": j.parsed,
+                    "prediction": j.prediction, "gold": gold, "generated": answers[k], "prompt": prompts[k]}
+            if truncated is not None and truncated.flags is not None:
+                line["truncated"] = bool(truncated.flags[k])
+            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
     write_items(out_dir / f"{split}_items.jsonl", judged_items(items, judged, truncated))
     if truncated is not None and truncated.warning(f"{row.name} {rule_name}"):
         print(truncated.warning(f"{row.name} {rule_name}"), file=sys.stderr)
