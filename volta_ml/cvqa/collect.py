@@ -75,6 +75,20 @@ class Predictions:
         """The generate rule's answers that named no option (Prediction -1)."""
         return self.prediction == UNPARSED
 
+    @property
+    def truncated(self) -> np.ndarray | None:
+        """The generate rule's answers cut at max_new_tokens (100 / 0 per question, NaN where the backend does not
+        say), from the file's `truncated_<k>` columns; None for other rules and older files."""
+        flags = self.scores.get("truncated")
+        return None if flags is None else flags[:, 0]
+
+    def truncated_rate(self) -> str:
+        """The truncated rate as the comparison CSVs write it: repr of the %, "unknown", or "" (not generated)."""
+        flags = self.truncated
+        if flags is None:
+            return ""
+        return "unknown" if np.isnan(flags).any() else repr(float(flags.mean()))
+
     def items(self, group: str | None = None, key: str | None = None,
               values: np.ndarray | None = None) -> tuple[dict[str, float], dict[str, str]]:
         """Per-question values (in `group` == `key` when given): {ID: 100 | 0} for correct / wrong over the labelled

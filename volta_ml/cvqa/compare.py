@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from volta_ml.engine.failures import UsageError
-from volta_ml.protocols.uncertainty import HOLM_COLUMN, CellComparison, holm_adjust, row_pairs
+from volta_ml.protocols.uncertainty import HOLM_COLUMN, TRUNCATED_SIDES, CellComparison, holm_adjust, row_pairs
 from volta_ml.stats import Options
 
 from .collect import Run, load_runs
@@ -32,6 +32,8 @@ def compare_two(run_a: Run, run_b: Run, options: Options) -> list[CellComparison
             else:
                 cell.result = options.compare(a, b, pairs, average=average,
                                               clusters=run_a.conditions[condition].clusters())
+            cell.extra.update(zip(TRUNCATED_SIDES, (run_a.conditions[condition].truncated_rate(),
+                                                    run_b.conditions[condition].truncated_rate())))
             out.append(cell)
     return holm_adjust(out)
 
