@@ -35,7 +35,7 @@ from volta_ml.stats import Options, fixed, latex_text, seed_spread
 from .iglue import TASKS, shot_count
 from .uncertainty import (
     AVG, COMPARE_HEADER, UNCERTAINTY_HEADER, CellComparison, CellStats, ItemFiles, cell_text, compare_items,
-    compare_md_header, compare_rows, seed_items, table_stats, truncation_text, uncertainty_rows,
+    compare_md_header, compare_rows, rate_text, seed_items, table_stats, truncation_text, uncertainty_rows,
 )
 
 MISSING = -1.0
@@ -454,9 +454,7 @@ def write_format_errors(tables, stats, digits: int, emit) -> None:
                     continue
                 if s.format_errors is not None:
                     fe = s.format_interval
-                    text = fixed(s.format_errors, digits) + \
-                        (f" [{fixed(fe.low, digits)}, {fixed(fe.high, digits)}]" if fe else "")
-                    rows.append([stem, model, column, text])
+                    rows.append([stem, model, column, rate_text(s.format_errors, fe, digits)])
                     csv_rows.append([stem, model, column, repr(s.format_errors), "" if fe is None else repr(fe.low),
                                      "" if fe is None else repr(fe.high)])
                 shown = truncation_text(s, digits)

@@ -147,8 +147,13 @@ def truncation_text(stats: "CellStats | None", digits: int) -> str | None:
         return UNKNOWN
     if stats.truncated is None:
         return None
-    iv = stats.truncated_interval
-    return fixed(stats.truncated, digits) + (f" [{fixed(iv.low, digits)}, {fixed(iv.high, digits)}]" if iv else "")
+    return rate_text(stats.truncated, stats.truncated_interval, digits)
+
+
+def rate_text(rate: float, interval: Interval | None, digits: int) -> str:
+    """A rate with its interval, as the format-error and truncation tables show it: `12.50 [3.10, 25.00]`."""
+    return fixed(rate, digits) + (f" [{fixed(interval.low, digits)}, {fixed(interval.high, digits)}]"
+                                  if interval else "")
 
 
 def language_items(sources: dict[str, list[dict]], langs: list[str], metric: str,
