@@ -354,3 +354,7 @@ def test_cells_resample_the_images_their_items_name(tmp_path, capsys):
     assert volta_ml(["report", str(root / "b"), "--out", str(tmp_path / "rb"), "--no_plots"]) == 0
     cells = {r["column"]: r for r in rows(tmp_path / "rb" / "uncertainty" / "XVNLI_0.csv")}
     assert cells["fr"]["resampling"] == "items" and cells["avg"]["resampling"] == "items"
+    assert volta_ml(["report", str(root / "a"), "--out", str(tmp_path / "ri"), "--no_plots", "--resample", "items"]) == 0
+    cells = {r["column"]: r for r in rows(tmp_path / "ri" / "uncertainty" / "XVNLI_0.csv")}
+    plain = stats.interval([v["score"] for v in ar.values()])
+    assert cells["ar"]["resampling"] == "items" and float(cells["ar"]["ci_low"]) == plain.low
