@@ -581,7 +581,8 @@ class Truncation:
             return None
         shown = ", ".join(self.items[:3]) + (", ..." if len(self.items) > 3 else "")
         return (f"warning: {where}: {len(self.items)} of {len(self.flags)} answers ({self.rate:.1f}%) stopped at "
-                f"max_new_tokens, not at an end token ({shown}); they are cut short: raise --max_new_tokens")
+                f"max_new_tokens, not at an end token ({shown}); they are cut short (a larger max_new_tokens lets "
+                f"them finish)")
 
 
 # --- seeds -------------------------------------------------------------------------------------------------------
