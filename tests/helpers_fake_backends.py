@@ -56,8 +56,9 @@ class FakeGenerative:
     letters_ok = ("A", "B", "C", "D")
 
     def __init__(self, spec: ModelSpec | None = None, max_images: int = 1,
-                 answers=("yes", "no", "The red car.", "left")):
+                 answers=("yes", "no", "The red car.", "left"), cut=()):
         self.spec, self.max_images, self.answers = spec or ModelSpec("fake-mllm"), max_images, list(answers)
+        self.cut = set(cut)          # answers that come back truncated (stopped at max_new_tokens)
         self.prompt_format, self.calls = "chat_template", 0
 
     def render(self, prompt, num_images):
@@ -82,9 +83,12 @@ class FakeGenerative:
         return sums, counts
 
     def generate(self, images, prompts, max_new_tokens):
+        from volta_ml.hf.base import Answer
+
         self.calls += 1
-        return [self.answers[_seed(self.render(p, len(ims)), *map(image_key, ims)) % len(self.answers)]
-                for ims, p in zip(images, prompts)]
+        texts = [self.answers[_seed(self.render(p, len(ims)), *map(image_key, ims)) % len(self.answers)]
+                 for ims, p in zip(images, prompts)]
+        return [Answer(t, truncated=t in self.cut) for t in texts]
 
 
 class FailingAfter:

@@ -147,6 +147,40 @@ def test_generate_rule_parses_answers_and_reports_the_parse_failure_rate(release
     assert rows[2]["Prediction"] == "-1"
     submitted = list(csv.DictReader(open(out / "submission_en-aware.csv", encoding="utf-8")))
     assert submitted[2]["Prediction"] == "0"    # EvalAI needs an option for every question
+    # (#44) plain-string answers do not say whether they were cut: "unknown", never 0
+    assert results["truncated_rate"]["en-aware"] is None and results["truncated"]["en-aware"] == "unknown"
+    assert "truncated" not in results["variants"]
+
+
+def test_generate_rule_records_the_answers_cut_at_max_new_tokens(release, tmp_path, fakes, monkeypatch, capsys):
+    """(#44) CVQA's generate rule: truncated_rate and the truncated questions in the results, one warning line
+    above 5%, per question in the predictions file, the report's `truncated` table with its interval."""
+    from volta_ml.cli import main
+    from volta_ml.hf.base import Answer
+
+    questions = load_cvqa(release).questions
+    index = {generative_prompt(q, "en-aware", "generate"): k for k, q in enumerate(questions)}
+
+    def generate(self, images, prompts, max_new_tokens):
+        return [Answer(questions[index[p]].options_en[3], truncated=index[p] in (0, 1)) for p in prompts]
+    monkeypatch.setattr(FakeGenerative, "generate", generate)
+    out = tmp_path / "gen"
+    assert score(release, out, "--backend", "mllm", "--model", "fake/llava", "--rule", "generate",
+                 "--conditions", "en-aware", "--no-text-only") == 0
+    results = json.loads((out / "cvqa_results.json").read_text())
+    assert results["truncated"]["en-aware"] == [questions[0].id, questions[1].id]
+    assert results["truncated_rate"]["en-aware"] == pytest.approx(200.0 / len(questions))
+    warnings = [l for l in capsys.readouterr().err.splitlines() if "stopped at max_new_tokens" in l]
+    assert len(warnings) == 1 and f"2 of {len(questions)} answers" in warnings[0]
+    rows = list(csv.DictReader(open(out / "predictions_en-aware.csv", encoding="utf-8")))
+    assert [float(r["truncated_0"]) for r in rows] == [100.0 if k < 2 else 0.0 for k in range(len(rows))]
+    assert main(["cvqa", "report", str(out), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
+    table = list(csv.DictReader(open(tmp_path / "r" / "truncated.csv", encoding="utf-8")))
+    assert len(table) == 1 and float(table[0]["truncated"]) == pytest.approx(200.0 / len(questions), abs=1e-4)
+    assert table[0]["truncated ci_low"] != ""
+    assert main(["compare", str(out), str(out), "--out", str(tmp_path / "c")]) == 0
+    compared = list(csv.DictReader(open(tmp_path / "c" / "cvqa_compare.csv", encoding="utf-8")))
+    assert {(r["A_truncated_rate"], r["B_truncated_rate"]) for r in compared} == {(repr(200.0 / len(questions)),) * 2}
 
 
 def test_batch_size_and_chunking_do_not_change_scores(release, tmp_path, fakes):

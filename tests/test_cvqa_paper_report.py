@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import helpers_report_cells as report_cells
+from helpers_stats import plain_holm
 from volta_ml import stats
 from volta_ml.cvqa import paper
 from volta_ml.cvqa.collect import question_type
@@ -81,7 +82,7 @@ def write_folder(folder: Path, backend, model, rule, conditions, blind, legacy: 
     (folder / "cvqa_results.json").write_text(json.dumps(results))
 
 
-NO_ITEMS = ("EN paper", "EN diff", "LOC paper", "LOC diff", "p")   # the paper's numbers, differences, p-values
+NO_ITEMS = ("EN paper", "EN diff", "LOC paper", "LOC diff", "p", "p (Holm)")   # the paper's numbers, diffs, p
 
 
 def bare_cells(folder: Path) -> list[tuple]:
@@ -357,4 +358,6 @@ def test_intervals_format_errors_and_a_baseline_equal_to_compare(tmp_path, capsy
         assert mine["A"] == r["A"] and mine["B"] == r["B"] and mine["paired questions"] == r["paired_items"]
         for ours, theirs in (("A − B", "difference"), ("A − B ci_low", "ci_low"), ("A − B ci_high", "ci_high")):
             assert number(mine[ours]) == round(float(r[theirs]), 4)
-        assert mine["p"] == f"{float(r['p_value']):.4f}"
+        assert mine["p"] == f"{float(r['p_value']):.4f}" and mine["p (Holm)"] == f"{float(r['p_holm']):.4f}"
+    assert [float(r["p_holm"]) for r in compared] == pytest.approx(plain_holm([float(r["p_value"]) for r in compared]),
+                                                                  abs=1e-15)

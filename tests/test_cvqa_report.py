@@ -93,9 +93,10 @@ def test_predictions_keep_scores_at_full_precision(tmp_path):
     assert rows[2] == {"ID": "2_0", "Prediction": "2", "Label": "2", "pair": "India-Telugu",
                        "category": "Brands and Products", "image_type": "External", "score_0": "0.123456789012",
                        "score_1": "0.123456789013", "score_2": "-inf", "score_3": "1e-300", "condition": "en-aware",
-                       "revision": "rev", "question_en": "q"}
+                       "revision": "rev", "question_en": "q", "image": "2"}
     write_predictions(tmp_path / "imported.csv", QUESTIONS, EN, None, "en-aware", "rev")
-    assert open(tmp_path / "imported.csv").read().splitlines()[1] == "1_0,0,0,India-Telugu,Cooking and Food,Self,,,,,en-aware,rev,q"
+    assert open(tmp_path / "imported.csv").read().splitlines()[1] == \
+        "1_0,0,0,India-Telugu,Cooking and Food,Self,,,,,en-aware,rev,q,1"
 
 
 def test_report_command_errors_user_one_line_bug_traceback(tmp_path, capsys, monkeypatch):

@@ -417,3 +417,33 @@ def test_legacy_mblip_layout_gets_its_image(root):
     assert (enc["input_ids"][0, :4] == b.model.config.image_token_index).all()
     a, c = b.choice_logits([images(1, seed=7), images(1, seed=8)], PROMPTS[:1] * 2, LETTERS)
     assert not torch.allclose(a, c, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llava", "blip2-opt", "blip2-t5"])
+def test_generate_says_which_answers_were_cut_at_max_new_tokens(name, root):
+    """(#44) An answer is truncated when generation stopped at max_new_tokens, not at a stop token: decided from the
+    generated ids. A random tiny model never emits its EOS in 4 tokens (checked on its raw ids here); made to stop at
+    the token it emits first, the same prompt is not truncated."""
+    from volta_ml.hf.base import Answer
+
+    b = backend(name, root)
+    imgs = one_image_each(seed=2)
+    batch = b.generate(imgs, PROMPTS, max_new_tokens=4)
+    assert all(isinstance(a, Answer) and a.truncated in (True, False) for a in batch)
+    assert [a.truncated for a in batch] == [b.generate([im], [p], max_new_tokens=4)[0].truncated
+                                            for im, p in zip(imgs, PROMPTS)]
+    inputs = b._batch(imgs[:1], PROMPTS[:1])
+    raw = b._generated(b.model.generate(**inputs, max_new_tokens=4, do_sample=False, num_beams=1,
+                                        pad_token_id=b.pad_id), inputs)[0].tolist()
+    assert batch[0].truncated == (not set(raw) & b.stop_ids())
+    first = raw[0]
+    configs = [c for c in {id(o.generation_config): o.generation_config for o in (b.model, b.lm)}.values()]
+    saved = [c.eos_token_id for c in configs]
+    try:
+        for c in configs:
+            c.eos_token_id = first
+        stopped = b.generate(imgs[:1], PROMPTS[:1], max_new_tokens=4)[0]
+        assert stopped.truncated is False and batch[0].truncated is True, (raw, first)
+    finally:
+        for c, eos in zip(configs, saved):
+            c.eos_token_id = eos

@@ -118,6 +118,42 @@ def test_xgqa_scores_equal_direct_computation(world, tmp_path, capsys, rule):
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(expected)   # GQA_score's bare float
 
 
+class PlainStrings(FakeGenerative):
+    """A backend whose answers are plain strings: whether they were cut short is unknown (as an imported run)."""
+
+    def generate(self, images, prompts, max_new_tokens):
+        return [str(a) for a in super().generate(images, prompts, max_new_tokens)]
+
+
+def test_xgqa_generate_records_the_answers_cut_at_max_new_tokens(world, tmp_path, capsys):
+    """(#44) truncated_rate beside the score, the truncated items listed, one warning line above 5%; a backend that
+    does not say records "unknown", not 0."""
+    answers = ("Yes.", "no", "The red car.", "left\nbecause")
+    opts = options(world, "xgqa", "de", tmp_path / "cut", rule="generate")
+    result = run_iglue_hf(opts, backend=FakeGenerative(answers=answers, cut={"The red car."}))
+    examples = read_task("xgqa", opts["annotations"], "de")
+    rows = [json.loads(l) for l in (tmp_path / "cut" / "predictions.jsonl").read_text().splitlines()]
+    cut = [e.id for e, r in zip(examples, rows) if r["generated"] == "The red car."]
+    assert cut and [r["truncated"] for r in rows] == [r["generated"] == "The red car." for r in rows]
+    assert result["truncated"] == cut
+    assert result["metrics"]["truncated_rate"] == pytest.approx(100.0 * len(cut) / len(examples))
+    items = read_items(tmp_path / "cut" / "test_de_items.jsonl")
+    assert [v["truncated_rate"] for v in items.values()] == [100.0 * (i in cut) for i in items]
+    # (#44) each item names the image it asks about: the intervals resample images (xGQA: several per scene)
+    assert [v["cluster"] for v in items.values()] == ["+".join(ref.id for ref in e.images) for e in examples]
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if "max_new_tokens" in line]
+    assert len(warnings) == 1 and f"xgqa generate: {len(cut)} of {len(examples)} answers" in warnings[0], err
+    result = run_iglue_hf(options(world, "xgqa", "de", tmp_path / "plain", rule="generate"),
+                          backend=PlainStrings(answers=answers))
+    assert result["truncated"] == "unknown" and result["metrics"]["truncated_rate"] is None
+    assert "truncated_rate" not in next(iter(read_items(tmp_path / "plain" / "test_de_items.jsonl").values()))
+    assert "max_new_tokens, not at an end token" not in capsys.readouterr().err
+    result = run_iglue_hf(options(world, "xgqa", "de", tmp_path / "none", rule="generate"),
+                          backend=FakeGenerative(answers=answers))
+    assert result["truncated"] == [] and result["metrics"]["truncated_rate"] == 0.0
+
+
 def test_xgqa_closed_names_both_vocabulary_files(world, tmp_path):
     """The closed rule reads VOLTA's GQA vocabulary: both trainval_ans2label and trainval_label2ans."""
     opts = options(world, "xgqa", "de", tmp_path, rule="closed", vocabulary=None, data_root=None)

@@ -17,6 +17,8 @@ from volta_ml.cli import main as volta_ml
 from volta_ml.protocols.report import write_report
 from volta_ml.protocols.results import cell_items, collect
 
+from helpers_stats import plain_holm
+
 LANGS = ("en", "ar", "fr")
 
 
@@ -29,7 +31,7 @@ def write_cell(root: Path, protocol: str, model: str, task: str, lang: str, seed
     stats.write_items(cell / "eval" / "test_items.jsonl", [{"id": k, **v} for k, v in items.items()])
     metrics = {}
     for values in items.values():
-        for metric in values:
+        for metric in [m for m in values if m not in stats.RESERVED]:
             column = [v[metric] for v in items.values() if metric in v]
             metrics[metric] = sum(column) / len(column) if digits is None else round(sum(column) / len(column), digits)
     cell.mkdir(parents=True, exist_ok=True)
@@ -134,7 +136,7 @@ def test_few_shot_auc_intervals_and_no_bare_cell(runs, tmp_path):
     assert (float(cells[("uc2", "avg")]["ci_low"]), float(cells[("uc2", "avg")]["ci_high"])) == (mean.low, mean.high)
     summary = next(line for line in (out / "XVNLI_summary.md").read_text().splitlines() if line.startswith("| uc2 |"))
     assert summary.endswith(f"| {mean.estimate:.2f} ± {mean.half_width:.2f} |"), summary
-    assert bare_cells(out, exempt_columns=("p",)) == []
+    assert bare_cells(out, exempt_columns=("p", "p (Holm)")) == []
 
 
 def test_few_shot_auc_compared_paired_and_spread_over_seeds(tmp_path, capsys):
@@ -204,6 +206,12 @@ def test_report_baseline_shows_the_numbers_of_compare(runs, tmp_path, capsys):
     assert (float(ar["difference"]), float(ar["ci_low"]), float(ar["p_value"])) == \
         (expected.difference, expected.low, expected.p_value)
     assert ar["only_in_A"] == "q3" and ar["only_in_B"] == "" and ar["paired_items"] == "39"
+    # (#44) Holm's adjustment across the cells of one table (XVNLI_0: en, ar, fr, avg), beside the raw p
+    xvnli = [by_cell[("XVNLI_0", c)] for c in (*LANGS, "avg")]
+    raw = [float(r["p_value"]) for r in xvnli]
+    assert [float(r["p_holm"]) for r in xvnli] == pytest.approx(plain_holm(raw), abs=1e-15)
+    assert all(float(r["p_holm"]) >= float(r["p_value"]) for r in compared)
+    assert "| p | p (Holm) |" in printed
 
 
 def test_cells_show_the_mean_of_their_items_as_the_comparisons_do(tmp_path):
@@ -252,3 +260,101 @@ def test_record_step_keeps_only_the_items_of_this_run(tmp_path):
     path, why = cell_items(cell, {"score": 75.0})
     assert path is None and "the mean of its score items, 50.0000, is not the logged 75.0" in why
     assert cell_items(tmp_path / "empty", {"score": 1.0}) == (None, "no per-item file")
+
+
+@pytest.mark.parametrize("damage, where", [
+    ('{"id": "q1", "score": "abc"}\n', "line 2: not an item record"),
+    ("", "an empty per-item file"),
+])
+def test_a_damaged_or_empty_per_item_file_stops_report_and_compare(tmp_path, capsys, damage, where):
+    """(#42.1) The cell showed a bare number as if it had never had items, `avg` lost its interval and `compare`
+    showed `–`, exit 0 and nothing said; now: exit 2, one line naming the file, the line and the cause."""
+    root = tmp_path / "runs"
+    for side, model in (("a", "uc2"), ("b", "m3p")):
+        for lang in ("ar", "fr"):
+            write_cell(root / side, "zero_shot", model, "xvnli", lang, 0,
+                       {f"q{i}": {"score": 100.0 * (i % 2)} for i in range(6)})
+    path = root / "a" / "zero_shot" / "uc2" / "xvnli" / "ar" / "seed0" / "eval" / "test_items.jsonl"
+    path.write_text('{"id": "q0", "score": 0.0}\n' + damage if damage else "")
+    for argv in (["report", str(root / "a"), "--out", str(tmp_path / "r"), "--no_plots"],
+                 ["compare", str(root / "a"), str(root / "b")]):
+        capsys.readouterr()
+        assert volta_ml(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{path}" in err[0] and where in err[0], err
+        assert "Traceback" not in err[0]
+    assert "could not convert string to float: 'abc'" in err[0] if damage else True
+
+
+def test_latex_tables_write_pm_as_latex(runs, tmp_path):
+    """(#42.6) IGLUE's .tex wrote the literal `±` (CVQA's `$\\pm$`): one valid LaTeX form for both."""
+    assert volta_ml(["report", str(runs / "a"), "--out", str(tmp_path / "r"), "--no_plots"]) == 0
+    tex = (tmp_path / "r" / "XVNLI_0.tex").read_text()
+    assert r" $\pm$ " in tex and "±" not in tex and "−" not in tex, tex
+    assert "-0.00" not in "".join(p.read_text() for p in (tmp_path / "r").rglob("*.tex"))
+
+
+def test_truncated_answers_per_cell_in_report_and_compare(tmp_path, capsys):
+    """(#44) the generate rule's answers cut at max_new_tokens: `truncated.*` per cell with its interval over the
+    items, the uncertainty CSV's columns, each side's rate in `compare`; a run whose backend does not say shows
+    "unknown", never 0."""
+    root = tmp_path / "runs"
+    items = {f"q{i}": {"score": 100.0 * (i % 2), "parse_failure_rate": 0.0, "truncated_rate": 100.0 * (i < 3)}
+             for i in range(12)}
+    write_cell(root / "a", "zero_shot", "llava", "xvnli", "ar", 0, items, {"rule": "generate"})
+    plain = {k: {"score": v["score"]} for k, v in items.items()}
+    write_cell(root / "b", "zero_shot", "imported", "xvnli", "ar", 0, plain, {"rule": "generate"})
+    result = root / "b" / "zero_shot" / "imported" / "xvnli" / "ar" / "seed0" / "result.json"
+    record = json.loads(result.read_text())
+    record["metrics"]["truncated_rate"] = None                     # imported answers: unknown
+    result.write_text(json.dumps(record))
+    assert volta_ml(["report", str(root), "--out", str(tmp_path / "r"), "--no_plots"]) == 0
+    cut = {r["model"]: r for r in rows(tmp_path / "r" / "truncated.csv")}
+    expected = stats.interval([v["truncated_rate"] for v in items.values()])
+    assert cut["llava"]["truncated_rate"] == "25.0" and float(cut["llava"]["ci_low"]) == expected.low
+    assert cut["imported"]["truncated_rate"] == "unknown" and cut["imported"]["ci_low"] == ""
+    uncertainty = {(r["model"], r["column"]): r for r in rows(tmp_path / "r" / "uncertainty" / "XVNLI_0.csv")}
+    assert uncertainty[("llava", "ar")]["truncated_rate"] == "25.0"
+    assert float(uncertainty[("llava", "ar")]["truncated_high"]) == expected.high
+    assert uncertainty[("imported", "ar")]["truncated_rate"] == "unknown"
+    assert "| XVNLI_0 | imported | ar | unknown |" in (tmp_path / "r" / "truncated.md").read_text()
+    capsys.readouterr()
+    assert volta_ml(["compare", str(root / "a"), str(root / "b"), "--out", str(tmp_path / "c")]) == 0
+    assert "truncated: A 25.00%, B unknown" in capsys.readouterr().out
+    compared = {r["column"]: r for r in rows(tmp_path / "c" / "compare.csv")}
+    assert (compared["ar"]["A_truncated_rate"], compared["ar"]["B_truncated_rate"]) == ("25.0", "unknown")
+    assert (compared["avg"]["A_truncated_rate"], compared["avg"]["B_truncated_rate"]) == ("25.0", "unknown")
+
+
+def test_cells_resample_the_images_their_items_name(tmp_path, capsys):
+    """(#44) items that name their image (`cluster`) are resampled image by image within each language, in the
+    cells, the `avg` and the comparisons, and the CSVs record it; a cell without cluster keys falls back to items,
+    recorded as such."""
+    root = tmp_path / "runs"
+    rng = np.random.default_rng(4)
+    for side, model, p in (("a", "uc2", 0.7), ("b", "m3p", 0.5)):
+        for lang in ("ar", "fr"):
+            items = {f"q{i}": {"score": 100.0 * (rng.random() < p), "cluster": f"img{i // 4}"} for i in range(24)}
+            if lang == "fr" and side == "b":
+                items = {k: {"score": v["score"]} for k, v in items.items()}      # no image named: items
+            write_cell(root / side, "zero_shot", model, "xvnli", lang, 0, items)
+    assert volta_ml(["report", str(root / "a"), "--out", str(tmp_path / "r"), "--no_plots"]) == 0
+    cells = {r["column"]: r for r in rows(tmp_path / "r" / "uncertainty" / "XVNLI_0.csv")}
+    ar = stats.read_items(root / "a/zero_shot/uc2/xvnli/ar/seed0/eval/test_items.jsonl")
+    expected = stats.interval([v["score"] for v in ar.values()], clusters=[v["cluster"] for v in ar.values()])
+    assert (float(cells["ar"]["ci_low"]), float(cells["ar"]["ci_high"])) == (expected.low, expected.high)
+    assert cells["ar"]["resampling"] == "image clusters (6)" and cells["avg"]["resampling"] == "image clusters (12)"
+    assert volta_ml(["compare", str(root / "a"), str(root / "b"), "--out", str(tmp_path / "c")]) == 0
+    compared = {r["column"]: r for r in rows(tmp_path / "c" / "compare.csv")}
+    b = stats.read_items(root / "b/zero_shot/m3p/xvnli/ar/seed0/eval/test_items.jsonl")
+    expected = stats.compare_items({k: v["score"] for k, v in ar.items()}, {k: v["score"] for k, v in b.items()},
+                                   clusters={k: v["cluster"] for k, v in ar.items()})
+    assert (float(compared["ar"]["ci_low"]), float(compared["ar"]["p_value"])) == (expected.low, expected.p_value)
+    assert compared["ar"]["resampling"] == "image clusters (6)" and compared["fr"]["resampling"] == "image clusters (6)"
+    assert volta_ml(["report", str(root / "b"), "--out", str(tmp_path / "rb"), "--no_plots"]) == 0
+    cells = {r["column"]: r for r in rows(tmp_path / "rb" / "uncertainty" / "XVNLI_0.csv")}
+    assert cells["fr"]["resampling"] == "items" and cells["avg"]["resampling"] == "items"
+    assert volta_ml(["report", str(root / "a"), "--out", str(tmp_path / "ri"), "--no_plots", "--resample", "items"]) == 0
+    cells = {r["column"]: r for r in rows(tmp_path / "ri" / "uncertainty" / "XVNLI_0.csv")}
+    plain = stats.interval([v["score"] for v in ar.values()])
+    assert cells["ar"]["resampling"] == "items" and float(cells["ar"]["ci_low"]) == plain.low

@@ -9,6 +9,8 @@ import pytest
 
 from volta_ml import stats
 
+from helpers_stats import plain_holm
+
 SAMPLE = np.array([100, 0, 100, 100, 0, 100, 0, 100, 100, 100, 0, 100], dtype=float)
 
 
@@ -126,3 +128,113 @@ def test_seed_spread_and_formatting():
     assert stats.seed_spread([50.0]).std is None
     assert stats.format_estimate(56.3, 55.1, 57.5, 1) == "56.3 ± 1.2"
     assert stats.format_estimate(56.3, 55.1, 57.5, 1, "brackets") == "56.3 [55.1, 57.5]"
+
+
+def test_no_negative_zero_and_one_latex_form():
+    """(#42.6) a bound that rounds to zero printed `-0.00`; IGLUE's LaTeX wrote a bare `±`, CVQA's `$\\pm$`."""
+    assert stats.fixed(-0.001) == "0.00" and stats.fixed(-0.001, signed=True) == "+0.00"
+    assert stats.fixed(-0.005001) == "-0.01" and stats.fixed(0.0, signed=True) == "+0.00"
+    assert stats.format_estimate(-0.001, -0.004, 0.8, style="brackets") == "0.00 [0.00, 0.80]"
+    assert stats.format_estimate(-0.001, -0.004, 0.8, style="brackets", signed=True) == "+0.00 [+0.00, +0.80]"
+    assert stats.format_estimate(-0.001, -0.002, 0.002) == "0.00 ± 0.00"
+    assert stats.latex_text("56.30 ± 1.20") == r"56.30 $\pm$ 1.20"
+    assert stats.latex_text("A − B [95% CI] – x_y & #1") == r"A $-$ B [95\% CI] -- x\_y \& \#1"
+
+
+def test_holm_equals_the_plain_step_down():
+    rng = np.random.default_rng(3)
+    for p in ([0.01, 0.04, 0.03, 0.005], [0.5], [0.2, 0.2, 0.01], list(rng.random(20) ** 3), [0.0, 1.0, 0.3]):
+        assert stats.holm(p) == pytest.approx(plain_holm(p), abs=1e-15)
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([]) == []
+    with pytest.raises(ValueError, match="p-values must lie in"):
+        stats.holm([1.5])
+
+
+def plain_cluster_bootstrap(values, groups, clusters, n_resamples: int, seed: int, average="micro",
+                            confidence=0.95):
+    """The cluster bootstrap written out, one resample at a time: per group (sorted keys) its clusters (in the order
+    of their first item); each resample draws, group by group, as many clusters with replacement
+    (`rng.integers(0, n_clusters, n_clusters)` rows, all of a group's rows first) and takes every item of every
+    drawn cluster; the group's mean is over those items; micro weighs the groups by their items, macro equally."""
+    rng = np.random.default_rng(seed)
+    keys = sorted(set(groups))
+    per_group = []
+    for key in keys:
+        found: dict[str, list[float]] = {}
+        for v, g, c in zip(values, groups, clusters):
+            if g == key:
+                found.setdefault(c, []).append(v)
+        per_group.append(list(found.values()))
+    n = len(values)
+    weights = [sum(map(len, cl)) / n if average == "micro" else 1 / len(keys) for cl in per_group]
+    varying = [k for k, cl in enumerate(per_group) if len(cl) >= 2]
+    draws = {k: rng.integers(0, len(per_group[k]), (n_resamples, len(per_group[k]))) for k in varying}
+    estimates = []
+    for r in range(n_resamples):
+        total = 0.0
+        for k, cl in enumerate(per_group):
+            chosen = [cl[j] for j in draws[k][r]] if k in varying else cl
+            items = [v for c in chosen for v in c]
+            total += weights[k] * sum(items) / len(items)
+        estimates.append(total)
+    alpha = (1 - confidence) / 2
+    return np.percentile(estimates, [100 * alpha, 100 * (1 - alpha)])
+
+
+CLUSTERED = np.array([100, 100, 0, 100, 0, 0, 100, 100, 100, 0, 100, 0, 0, 100, 100, 100, 0, 0], dtype=float)
+LANG = ["ar"] * 10 + ["fr"] * 8
+IMAGE = ["i1", "i1", "i2", "i3", "i2", "i4", "i4", "i4", "i5", "i5",      # several questions per image
+         "i1", "j1", "j1", "j2", "j3", "j3", "j3", "j4"]                 # i1 in fr is another cluster than in ar
+
+
+@pytest.mark.parametrize("average", ["micro", "macro"])
+def test_cluster_bootstrap_is_the_plain_numpy_one(average):
+    """(#44) images resampled within each language: equal to the resampling of clusters written out above."""
+    iv = stats.interval(CLUSTERED, LANG, average=average, clusters=IMAGE, n_resamples=700, seed=5)
+    low, high = plain_cluster_bootstrap(CLUSTERED, LANG, IMAGE, 700, 5, average)
+    assert (iv.low, iv.high) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
+    assert iv.estimate == pytest.approx(stats.interval(CLUSTERED, LANG, average=average).estimate, abs=1e-12)
+    assert (iv.clusters, iv.cluster_key, iv.resampling) == (10, "image", "image clusters (10)")
+    plain = stats.interval(CLUSTERED, LANG, average=average, n_resamples=700, seed=5)
+    assert plain.resampling == "items" and plain.clusters is None
+
+
+@pytest.mark.parametrize("method", ["percentile", "BCa"])
+def test_one_question_per_image_equals_the_item_bootstrap(method):
+    """(#44) with one item per cluster the cluster bootstrap is today's item bootstrap, draw for draw; so is the
+    paired test (interval and p-value)."""
+    singletons = [f"q{i}" for i in range(len(CLUSTERED))]
+    for average in ("micro", "macro"):
+        a = stats.interval(CLUSTERED, LANG, average=average, method=method, n_resamples=500, seed=2)
+        b = stats.interval(CLUSTERED, LANG, average=average, method=method, n_resamples=500, seed=2,
+                           clusters=singletons)
+        assert (b.low, b.high, b.estimate) == (pytest.approx(a.low, abs=1e-12), pytest.approx(a.high, abs=1e-12),
+                                               a.estimate)
+    other = CLUSTERED[::-1].copy()
+    plain = stats.paired_test(CLUSTERED, other, LANG, n_resamples=400, n_permutations=999, seed=1, method=method)
+    clustered = stats.paired_test(CLUSTERED, other, LANG, n_resamples=400, n_permutations=999, seed=1,
+                                  method=method, clusters=singletons)
+    assert (clustered.low, clustered.high, clustered.p_value) == \
+        (pytest.approx(plain.low, abs=1e-12), pytest.approx(plain.high, abs=1e-12), plain.p_value)
+    assert plain.resampling == "items" and clustered.resampling == f"image clusters ({len(CLUSTERED)})"
+
+
+def test_paired_cluster_test_flips_each_image_as_a_whole():
+    """The paired permutation test with clusters: each image's summed difference flips sign as one (brute force
+    over the 2^10 cluster sign patterns, written out); its interval is the cluster bootstrap of the differences."""
+    other = np.array([0, 100, 0, 0, 0, 0, 100, 0, 100, 0, 0, 0, 0, 100, 0, 100, 0, 0], dtype=float)
+    result = stats.paired_test(CLUSTERED, other, LANG, clusters=IMAGE, n_resamples=300, seed=4)
+    diff = CLUSTERED - other
+    weight = {"ar": 1 / len(CLUSTERED), "fr": 1 / len(CLUSTERED)}
+    sums: dict[tuple, float] = {}
+    for d, g, c in zip(diff, LANG, IMAGE):
+        sums[(g, c)] = sums.get((g, c), 0.0) + weight[g] * d
+    parts = list(sums.values())
+    observed = abs(sum(parts))
+    extreme = sum(abs(sum(s * p for s, p in zip(signs, parts))) >= observed - 1e-9
+                  for signs in itertools.product((1, -1), repeat=len(parts)))
+    assert result.exact and result.p_value == pytest.approx(extreme / 2 ** len(parts), abs=1e-12)
+    low, high = plain_cluster_bootstrap(list(diff), LANG, IMAGE, 300, 4)
+    assert (result.low, result.high) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
+    assert result.resampling == "image clusters (10)"

@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO
 from helpers_fake_backends import FailingAfter, FakeDual
 from helpers_suite import EXAM_ANSWERS, FakeExamGenerative, build_suite, needs_java
+from volta_ml import stats
 from volta_ml.protocols.suite import SUITE
 from volta_ml.suite.data import resolve
 from volta_ml.suite.run import run_suite
@@ -210,9 +211,12 @@ def test_imported_answers_are_rescored_by_the_rule(suite, tmp_path, capsys):
                                   predictions=str(answers)))
         direct = run_suite(options(suite, "maxm", "en", tmp_path / f"{rule}-direct", rule=rule),
                            backend=backend_for("maxm"))
-        assert again["metrics"] == direct["metrics"], rule
-    assert generated["metrics"] == run_suite(options(suite, "maxm", "en", tmp_path / "exact2", backend="import",
-                                                     predictions=str(answers)))["metrics"]
+        assert without_truncation(again["metrics"]) == without_truncation(direct["metrics"]), rule
+        # (#44) the other harness gives no truncation: "unknown", not 0
+        assert again["metrics"]["truncated_rate"] is None and again["truncated"] == "unknown"
+        assert direct["metrics"]["truncated_rate"] == 0.0 and direct["truncated"] == []
+    imported = run_suite(options(suite, "maxm", "en", tmp_path / "exact2", backend="import", predictions=str(answers)))
+    assert without_truncation(generated["metrics"]) == without_truncation(imported["metrics"])
     assert 0 < generated["metrics"]["score"] < 100
     data, more = data_of(suite, "maxm")
     item = repr(rows[1]["id"])
@@ -273,6 +277,30 @@ def test_empty_imported_answers_are_scored_and_counted(suite, tmp_path, capsys, 
     for row in scored[:empty]:      # a multiple-choice item's (a gold letter): a format error
         assert row["score"] == 0 and not row["generated"].strip(), row
         assert row["parsed"] is (False if isinstance(row["gold"], str) else None), row
+
+
+def without_truncation(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k != "truncated_rate"}
+
+
+def test_generation_rules_record_the_answers_cut_at_max_new_tokens(suite, tmp_path, capsys):
+    """(#44) truncated_rate per cell beside the format errors, the truncated items listed in the results and the
+    predictions, per item in the items file, one warning line above 5%."""
+    cut = MAXM_ANSWERS[0]
+    result = run_suite(options(suite, "maxm", "en", tmp_path / "cut"),
+                       backend=FakeExamGenerative(answers=MAXM_ANSWERS, cut={cut}))
+    rows = [json.loads(l) for l in (tmp_path / "cut/predictions.jsonl").read_text().splitlines()]
+    expected = [r["id"] for r in rows if r["generated"] == cut]
+    assert expected and result["truncated"] == expected and [r["truncated"] for r in rows] == \
+        [r["generated"] == cut for r in rows]
+    assert result["metrics"]["truncated_rate"] == pytest.approx(100.0 * len(expected) / len(rows))
+    items = stats.read_items(tmp_path / "cut" / "test_en_items.jsonl")
+    assert [v["truncated_rate"] for v in items.values()] == [100.0 * (r["generated"] == cut) for r in rows]
+    opts = options(suite, "maxm", "en", tmp_path / "cut")
+    data = TASKS["maxm"].reader(resolve(opts["data"]), "en", opts)        # (#44) each item names its image
+    assert [v["cluster"] for v in items.values()] == ["+".join(map(str, item.images)) for item in data.items]
+    warnings = [l for l in capsys.readouterr().err.splitlines() if "stopped at max_new_tokens" in l]
+    assert len(warnings) == 1 and f"{len(expected)} of {len(rows)} answers" in warnings[0]
 
 
 def _free_port() -> int:
@@ -589,6 +617,9 @@ def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
     assert m3[3] == "PANGEA-7B [Pangea] (published),32.9,32.9" and not any("Centurio" in r for r in m3)
     errors = (report / "M3Exam_format_errors.csv").read_text().splitlines()
     assert errors[0] == "model,th,mul" and errors[1].startswith("vlm (generate),") and len(errors) == 2
+    # (#44) the generation rules' truncated answers per cell (the fake backend's: none cut)
+    assert (report / "MTVQA_truncated.csv").read_text().splitlines()[1:] == ["vlm,0.0,0.0,0.0,0.0"]
+    assert (report / "M3Exam_truncated.csv").read_text().splitlines()[1:] == ["vlm (generate),0.0,0.0"]
     assert (report / "XM3600_retrieval_ir_r1.csv").read_text().startswith("model,en,de,mul\nvlm,")
     kal = (report / "Kaleidoscope.csv").read_text().splitlines()
     assert kal[0] == "model,en,uk,mul,avg"
@@ -620,7 +651,7 @@ def test_report_tables_published_rows_and_format_errors(suite, tmp_path):
     published = {r.split(",")[0] for name in ("MTVQA", "M3Exam", "Kaleidoscope", "XM3600_retrieval_ir_r1",
                                               "XM3600_retrieval_tr_r1", "suite_summary")
                  for r in (report / f"{name}.csv").read_text().splitlines() if "(published)" in r}
-    assert bare_cells(report, exempt_columns=("p",), exempt_rows=published) == []
+    assert bare_cells(report, exempt_columns=("p", "p (Holm)"), exempt_rows=published) == []
 
 
 def test_vlmevalkit_tsv_read_as_vlmevalkit_reads_it(suite):

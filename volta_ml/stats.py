@@ -4,12 +4,13 @@ they are computed from. Serves every layer (it imports only `atomic.py`): the en
 
 The per-item record format (`<split>_items.jsonl`, beside the files an entry point already writes)
 ------------------------------------------------------------------------------------------------------
-JSON Lines, one object per item: `{"id": "<item id>", "<metric>": value, ...}`, optionally `"group": "<key>"`.
+JSON Lines, one object per item: `{"id": "<item id>", "<metric>": value, ...}`, optionally `"group": "<key>"` and
+`"cluster": "<key>"` (the image the item asks about: the intervals resample images).
 `id` names the item (a question id, `caption:<n>`, `image:<key>`) so that two runs can be paired item by item;
-every other key but `group` is a metric, and the cell's number for that metric is the mean of its items' values on
-the same scale (accuracy: 100 for a correct item, 0 for a wrong one; recall@k per retrieval query; a per-image
-caption score). An item may carry only some metrics (retrieval: a caption has the image-retrieval ones, an image
-the text-retrieval ones). `write_items` / `read_items` / `metric_values` read and write it.
+every other key but `group` and `cluster` is a metric, and the cell's number for that metric is the mean of its
+items' values on the same scale (accuracy: 100 for a correct item, 0 for a wrong one; recall@k per retrieval query;
+a per-image caption score). An item may carry only some metrics (retrieval: a caption has the image-retrieval
+ones, an image the text-retrieval ones). `write_items` / `read_items` / `metric_values` read and write it.
 
 Intervals (`interval`)
 ----------------------
@@ -22,6 +23,12 @@ same number of items per group. `average="micro"` is the mean over all items, `a
 mean of the groups' means (IGLUE's `avg` over languages, CVQA's macro over pairs). A group with one item is a
 constant of every resample; a cell whose items are all equal has the interval [value, value].
 
+With `clusters` (one key per item: the image it asks about, the per-item file's `cluster`) the bootstrap is the
+cluster bootstrap: scipy's bootstrap over each group's cluster indices (clusters in the order of their first item,
+drawn as items are: `rng.integers(0, n_clusters, (batch, n_clusters))`), a resample's group mean being the summed
+values of its drawn clusters over their number of items; a group with one cluster is a constant. With one item per
+cluster it is the item bootstrap, draw for draw. The Interval records it (`clusters`, `cluster_key`, `resampling`).
+
 Paired comparisons (`paired_test`, `compare_items`)
 ---------------------------------------------------
 The difference `a - b` of the same statistic on the same items (each side's value with its own `interval` over
@@ -30,10 +37,12 @@ bootstrap of the per-item differences, drawn as `interval` draws; for a mean the
 and a two-sided p-value from a paired permutation test: under the null hypothesis each
 item's two values are exchangeable, so the sign of its difference flips (`sign_flip_p_value`): exact over all 2^n
 sign patterns when 2^n <= `n_permutations`, otherwise approximate randomisation with `n_permutations` random
-patterns and p = (k + 1) / (n_permutations + 1). (`scipy.stats.permutation_test(permutation_type="samples")` is
-the same test, but it loops over the items in Python: 26 s for 9,000 items x 9,999 patterns on one core, 1.7 s
-here.) `compare_items` pairs two {id: value} mappings and names the items found on one side only: they are
-listed in the result, never dropped silently.
+patterns and p = (k + 1) / (n_permutations + 1); with clusters each cluster's summed contribution flips as
+one. Many cells tested at once (a table's languages) also get Holm's adjusted p-values (`holm`), which keep the
+family-wise error rate across them. (`scipy.stats.permutation_test(permutation_type="samples")` is the same test,
+but it loops over the items in Python: 26 s for 9,000 items x 9,999 patterns on one core, 1.7 s here.)
+`compare_items` pairs two {id: value} mappings and names the items found on one side only: they are listed in the
+result, never dropped silently.
 
 Seeds (`seed_spread`): the mean, the sample standard deviation (ddof=1; None for one seed) and n over seeds.
 """
@@ -56,7 +65,8 @@ SEED = 0
 METHODS = {"percentile": "percentile", "bca": "BCa"}   # accepted spellings -> scipy's names
 AVERAGES = ("micro", "macro")
 BATCH_ELEMENTS = 2 ** 23    # resampled values held at once (memory bound of one bootstrap batch)
-RESERVED = ("id", "group")
+CLUSTER_KEY = "image"       # what a per-item file's `cluster` names: the image (or images) the item asks about
+RESERVED = ("id", "group", "cluster")   # not metrics: the item, its stratum, its cluster (the image it asks about)
 
 
 class ItemsError(ValueError):
@@ -92,8 +102,9 @@ def write_items(path: str | Path, rows: Iterable[Mapping]) -> Path:
             raise ValueError(f"{path}: item id {item!r} appears twice")
         seen.add(item)
         out = {"id": item}
-        if row.get("group") is not None:
-            out["group"] = str(row["group"])
+        for key in ("group", "cluster"):
+            if row.get(key) is not None:
+                out[key] = str(row[key])
         out.update({k: float(v) for k, v in row.items() if k not in RESERVED})
         lines.append(json.dumps(out, ensure_ascii=False))
     path = Path(path)
@@ -103,7 +114,9 @@ def write_items(path: str | Path, rows: Iterable[Mapping]) -> Path:
 
 
 def read_items(path: str | Path) -> dict[str, dict]:
-    """{id: {metric: value, ("group": key)}} in file order."""
+    """{id: {metric: value, ("group": key), ("cluster": key)}} in file order. A file that cannot be read, a line
+    that is not an item record (the error names the file and the line) and a file with no record at all are
+    `ItemsError`s."""
     items: dict[str, dict] = {}
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -115,19 +128,29 @@ def read_items(path: str | Path) -> dict[str, dict]:
         try:
             row = json.loads(line)
             item = str(row["id"])
-            values = {k: (str(v) if k == "group" else float(v)) for k, v in row.items() if k != "id"}
+            values = {k: (str(v) if k in RESERVED else float(v)) for k, v in row.items() if k != "id"}
         except (ValueError, KeyError, TypeError) as error:
             raise ItemsError(f"{path} line {number}: not an item record {{\"id\": ..., metric: number}} "
                              f"({error})") from None
         if item in items:
             raise ItemsError(f"{path} line {number}: item id {item!r} appears twice")
         items[item] = values
+    if not items:
+        raise ItemsError(f"{path}: an empty per-item file (no item record; the run that wrote it scored nothing "
+                         f"or was cut short)")
     return items
 
 
 def metric_values(items: Mapping[str, Mapping], metric: str) -> dict[str, float]:
     """{id: value} of the items that carry `metric`."""
     return {item: float(values[metric]) for item, values in items.items() if metric in values}
+
+
+def item_clusters(items: Mapping[str, Mapping]) -> dict[str, str] | None:
+    """{id: cluster key} (the image an item asks about), or None when any item has none (then intervals resample
+    items, and say so)."""
+    clusters = {item: values.get("cluster") for item, values in items.items()}
+    return None if not clusters or any(c is None for c in clusters.values()) else clusters
 
 
 # --- intervals ---------------------------------------------------------------------------------------------------
@@ -142,6 +165,13 @@ class Interval:
     method: str = "percentile"
     n_resamples: int = N_RESAMPLES
     seed: int = SEED
+    clusters: int | None = None         # clusters resampled (None: items resampled one by one)
+    cluster_key: str | None = None      # what a cluster is ("image"); None: no cluster key, per-item resampling
+
+    @property
+    def resampling(self) -> str:
+        """What was resampled, as the CSVs record it: `items`, or `image clusters (<n>)`."""
+        return resampling_text(self.cluster_key, self.clusters)
 
     @property
     def half_width(self) -> float:
@@ -152,15 +182,38 @@ class Interval:
         return format_estimate(self.estimate, self.low, self.high, digits, style)
 
 
-def format_estimate(estimate: float, low: float, high: float, digits: int = 2, style: str = "pm") -> str:
-    """`56.30 ± 1.20` (pm: half the interval's width), `56.30 [55.10, 57.50]` (brackets) or `56.30` (none)."""
+def fixed(value: float, digits: int = 2, signed: bool = False) -> str:
+    """`value` with `digits` decimals (`signed`: always with its sign, `+1.20`), never a negative zero: a value that
+    rounds to zero prints `0.00` (`+0.00`), not `-0.00`."""
+    text = f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+    if text.startswith("-") and float(text) == 0:
+        text = ("+" if signed else "") + text[1:]
+    return text
+
+
+def format_estimate(estimate: float, low: float, high: float, digits: int = 2, style: str = "pm",
+                    signed: bool = False) -> str:
+    """`56.30 ± 1.20` (pm: half the interval's width), `56.30 [55.10, 57.50]` (brackets) or `56.30` (none);
+    `signed`: the estimate and bounds with their signs (a difference). Never a negative zero (`fixed`)."""
     if style == "none":
-        return f"{estimate:.{digits}f}"
+        return fixed(estimate, digits, signed)
     if style == "brackets":
-        return f"{estimate:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+        return f"{fixed(estimate, digits, signed)} [{fixed(low, digits, signed)}, {fixed(high, digits, signed)}]"
     if style == "pm":
-        return f"{estimate:.{digits}f} ± {(high - low) / 2:.{digits}f}"
+        return f"{fixed(estimate, digits, signed)} ± {fixed((high - low) / 2, digits)}"
     raise ValueError(f"unknown interval style {style!r} (pm, brackets, none)")
+
+
+LATEX_ESCAPES = (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("$", r"\$"),
+                 ("{", r"\{"), ("}", r"\}"), ("±", r"$\pm$"), ("−", "$-$"), ("–", "--"))
+
+
+def latex_text(text: str) -> str:
+    """A table cell, header or caption as LaTeX: special characters escaped, `±` as `$\\pm$`, the minus sign `−` as
+    `$-$`, the dash `–` (a missing value) as `--`; one form for every table (IGLUE's, the suite's, CVQA's)."""
+    for char, escaped in LATEX_ESCAPES:
+        text = text.replace(char, escaped)
+    return text
 
 
 def _method(method: str) -> str:
@@ -217,25 +270,83 @@ def _batch(samples: list[np.ndarray], n_resamples: int) -> int:
 
 def interval(values: Sequence[float], groups: Sequence[str] | None = None, *, average: str = "micro",
              confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES, seed: int = SEED,
-             method: str = "percentile") -> Interval:
+             method: str = "percentile", clusters: Sequence[str] | None = None,
+             cluster_key: str = CLUSTER_KEY) -> Interval:
     """The bootstrap interval of the mean of `values` (micro) or of the mean of the groups' means (macro), items
-    resampled within their `groups` (see the module docstring for the exact draws)."""
+    resampled within their `groups` (see the module docstring for the exact draws); with `clusters` (one key per
+    value: the image it asks about) whole clusters are resampled within each group instead (`cluster_key` names
+    what a cluster is, recorded in the Interval)."""
     from scipy.stats import bootstrap
 
     method = _method(method)
     keys, samples = _strata(values, groups)
     if average == "macro" and groups is None:
         raise ValueError("average='macro' needs groups")
-    resampled, statistic, estimate = _statistic(samples, average)
     n = sum(s.size for s in samples)
     common = dict(n=n, groups=len(keys), confidence=confidence, method=method, n_resamples=n_resamples, seed=seed)
+    if clusters is None:
+        resampled, statistic, estimate = _statistic(samples, average)
+        data = resampled
+    else:
+        parts = _cluster_parts(values, groups, clusters, keys)
+        resampled, statistic, estimate, data = _cluster_statistic(samples, parts, average)
+        common.update(clusters=sum(sums.size for sums, _ in parts), cluster_key=cluster_key)
     if not resampled or all(np.all(s == s[0]) for s in resampled):      # nothing varies: a point
         return Interval(estimate, estimate, estimate, **common)
-    result = bootstrap(tuple(resampled), statistic, n_resamples=n_resamples, confidence_level=confidence,
+    result = bootstrap(tuple(data), statistic, n_resamples=n_resamples, confidence_level=confidence,
                        method=method, rng=np.random.default_rng(seed), vectorized=True, axis=-1,
-                       batch=_batch(resampled, n_resamples))
+                       batch=_batch(data, n_resamples))
     ci = result.confidence_interval
     return Interval(estimate, float(ci.low), float(ci.high), **common)
+
+
+def resampling_text(cluster_key: str | None, clusters: int | None) -> str:
+    return "items" if cluster_key is None else f"{cluster_key} clusters ({clusters})"
+
+
+def _cluster_parts(values, groups, clusters, keys: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per group (in `keys` order): the sum of each cluster's values and its number of items, clusters in the order
+    of their first item (so that with one item per cluster the sums are the group's values in order)."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    clusters = [str(c) for c in clusters]
+    if len(clusters) != values.size:
+        raise ValueError(f"{values.size} values but {len(clusters)} cluster keys")
+    groups = [""] * values.size if groups is None else [str(g) for g in groups]
+    parts = []
+    for key in keys:
+        index: dict[str, int] = {}
+        sums: list[float] = []
+        counts: list[float] = []
+        for value, group, cluster in zip(values, groups, clusters):
+            if group != key:
+                continue
+            if cluster not in index:
+                index[cluster] = len(sums)
+                sums.append(0.0)
+                counts.append(0.0)
+            sums[index[cluster]] += value
+            counts[index[cluster]] += 1.0
+        parts.append((np.array(sums), np.array(counts)))
+    return parts
+
+
+def _cluster_statistic(samples: list[np.ndarray], parts: list[tuple[np.ndarray, np.ndarray]], average: str):
+    """The cluster bootstrap as scipy's bootstrap over cluster indices: each group's data are the indices of its
+    clusters, a resample draws as many indices with replacement (`rng.integers(0, n_clusters, ...)`, as
+    `interval` draws items), and the group's mean of a resample is the sum of the drawn clusters' values over
+    their number of items. Groups with one cluster are constants. Returns (the varying groups' item values, the
+    statistic, its value on the data, the index arrays scipy resamples)."""
+    weights = _weights(samples, average)
+    constant = sum(w * float(s.mean()) for w, s, (sums, _) in zip(weights, samples, parts) if sums.size < 2)
+    varying = [(w, s, sums, counts) for w, s, (sums, counts) in zip(weights, samples, parts) if sums.size >= 2]
+
+    def statistic(*indices, axis=-1):
+        return constant + sum(w * sums[k].sum(axis=axis) / counts[k].sum(axis=axis)
+                              for (w, _, sums, counts), k in zip(varying, (i.astype(np.intp) for i in indices)))
+
+    estimate = constant + sum(w * float(s.mean()) for w, s, _, _ in varying)
+    data = [np.arange(sums.size, dtype=np.float64) for _, _, sums, _ in varying]
+    return [s for _, s, _, _ in varying], statistic, estimate, data
 
 
 # --- paired comparisons ------------------------------------------------------------------------------------------
@@ -261,6 +372,12 @@ class Comparison:
     a_high: float | None = None
     b_low: float | None = None
     b_high: float | None = None
+    clusters: int | None = None         # clusters resampled and sign-flipped (None: items)
+    cluster_key: str | None = None
+
+    @property
+    def resampling(self) -> str:
+        return resampling_text(self.cluster_key, self.clusters)
 
     def text(self, digits: int = 2, style: str = "pm") -> str:
         return format_estimate(self.difference, self.low, self.high, digits, style)
@@ -269,7 +386,7 @@ class Comparison:
         """Side A's (or B's) value over the paired items with its own interval, as a table cell shows it."""
         value, low, high = (self.a, self.a_low, self.a_high) if side == "A" else (self.b, self.b_low, self.b_high)
         if low is None:
-            return f"{value:.{digits}f}"
+            return fixed(value, digits)
         return format_estimate(value, low, high, digits, style)
 
     def missing_text(self, limit: int = 5) -> str:
@@ -285,28 +402,56 @@ class Comparison:
 def paired_test(a: Sequence[float], b: Sequence[float], groups: Sequence[str] | None = None, *,
                 average: str = "micro", confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
                 n_permutations: int = N_PERMUTATIONS, seed: int = SEED, method: str = "percentile",
-                only_a: Sequence[str] = (), only_b: Sequence[str] = ()) -> Comparison:
+                only_a: Sequence[str] = (), only_b: Sequence[str] = (), clusters: Sequence[str] | None = None,
+                cluster_key: str = CLUSTER_KEY) -> Comparison:
     """`a[i]` and `b[i]` are the same item's values in two runs (aligned). The difference of the statistic
-    (micro / macro over `groups`), its paired bootstrap interval and the permutation p-value."""
+    (micro / macro over `groups`), its paired bootstrap interval and the permutation p-value. With `clusters` (one
+    key per item: its image) the bootstrap resamples clusters within each group and the permutation test flips the
+    sign of each cluster's summed contribution (the items of one image swap sides together)."""
     a = np.asarray(a, dtype=np.float64).reshape(-1)
     b = np.asarray(b, dtype=np.float64).reshape(-1)
     if a.shape != b.shape:
         raise ValueError(f"paired values of different lengths ({a.size} and {b.size})")
     if a.size == 0:
         raise ValueError("no paired items: the two runs share no item")
-    diff = interval(a - b, groups, average=average, confidence=confidence, n_resamples=n_resamples, seed=seed,
-                    method=method)
+    side = dict(average=average, confidence=confidence, n_resamples=n_resamples, seed=seed, method=method,
+                clusters=clusters, cluster_key=cluster_key)
+    diff = interval(a - b, groups, **side)
     keys, samples = _strata(a - b, groups)
     weights = np.concatenate([np.full(s.size, w / s.size) for w, s in zip(_weights(samples, average), samples)])
     ordered = np.concatenate(samples)             # the differences, grouped as the weights are
-    p_value, exact = sign_flip_p_value(ordered * weights, n_permutations, seed)
+    contributions = ordered * weights
+    if clusters is not None:                      # one sign per cluster: its items' contributions summed
+        contributions = np.concatenate([_sums_by_cluster(part, np.asarray(clusters, dtype=object)[mask])
+                                        for part, mask in zip(np.split(contributions, np.cumsum(
+                                            [s.size for s in samples])[:-1]), _group_masks(groups, keys, a.size))])
+    p_value, exact = sign_flip_p_value(contributions, n_permutations, seed)
     stat_a = interval_estimate(a, groups, average)
     stat_b = interval_estimate(b, groups, average)
-    side = dict(average=average, confidence=confidence, n_resamples=n_resamples, seed=seed, method=method)
     iv_a, iv_b = interval(a, groups, **side), interval(b, groups, **side)
     return Comparison(stat_a, stat_b, diff.estimate, diff.low, diff.high, p_value, int(a.size), exact,
                       tuple(only_a), tuple(only_b), confidence, diff.method, n_resamples, n_permutations, seed,
-                      len(keys), iv_a.low, iv_a.high, iv_b.low, iv_b.high)
+                      len(keys), iv_a.low, iv_a.high, iv_b.low, iv_b.high, diff.clusters, diff.cluster_key)
+
+
+def _group_masks(groups, keys: list[str], n: int) -> list[np.ndarray]:
+    if groups is None:
+        return [np.ones(n, dtype=bool)]
+    groups = np.array([str(g) for g in groups], dtype=object)
+    return [groups == key for key in keys]
+
+
+def _sums_by_cluster(values: np.ndarray, clusters: np.ndarray) -> np.ndarray:
+    """The sum of `values` per cluster, clusters in the order of their first item (one item each: `values`)."""
+    index: dict[str, int] = {}
+    sums: list[float] = []
+    for value, cluster in zip(values, clusters):
+        key = str(cluster)
+        if key not in index:
+            index[key] = len(sums)
+            sums.append(0.0)
+        sums[index[key]] += float(value)
+    return np.array(sums, dtype=np.float64)
 
 
 def sign_flip_p_value(contributions: np.ndarray, n_permutations: int = N_PERMUTATIONS,
@@ -336,6 +481,22 @@ def sign_flip_p_value(contributions: np.ndarray, n_permutations: int = N_PERMUTA
     return (count + 1) / (n_permutations + 1), False
 
 
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: with the m p-values sorted ascending,
+    p_(1) <= ... <= p_(m), the adjusted p_(i) is max over j <= i of min(1, (m - j + 1) * p_(j)). A cell is
+    significant at level alpha with the family-wise error rate kept at alpha across the m cells when its adjusted
+    p-value is <= alpha (Holm 1979; valid under any dependence between the tests)."""
+    p = np.asarray(p_values, dtype=np.float64).reshape(-1)
+    if np.any((p < 0) | (p > 1)) or not np.all(np.isfinite(p)):
+        raise ValueError("p-values must lie in [0, 1]")
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    stepped = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    adjusted = np.empty(m)
+    adjusted[order] = stepped
+    return [float(v) for v in adjusted]
+
+
 def interval_estimate(values: Sequence[float], groups: Sequence[str] | None = None, average: str = "micro") -> float:
     """The point value `interval` reports (micro: mean; macro: mean of the groups' means)."""
     _, samples = _strata(values, groups)
@@ -343,15 +504,18 @@ def interval_estimate(values: Sequence[float], groups: Sequence[str] | None = No
 
 
 def compare_items(a: Mapping[str, float], b: Mapping[str, float], groups: Mapping[str, str] | None = None,
-                  **options) -> Comparison:
+                  clusters: Mapping[str, str] | None = None, **options) -> Comparison:
     """Pair two {item id: value} mappings by id (in A's order) and test them (`paired_test`'s options); the ids on
-    one side only are named in `only_a` / `only_b`. `groups` maps an id to its stratum (e.g. its language)."""
+    one side only are named in `only_a` / `only_b`. `groups` maps an id to its stratum (e.g. its language),
+    `clusters` to its cluster (its image; None, or an id without one: items are resampled one by one)."""
     shared = [i for i in a if i in b]
     only_a = [i for i in a if i not in b]
     only_b = [i for i in b if i not in a]
+    keys = [clusters.get(i) for i in shared] if clusters is not None else None
     return paired_test([a[i] for i in shared], [b[i] for i in shared],
                        [groups[i] for i in shared] if groups is not None else None,
-                       only_a=only_a, only_b=only_b, **options)
+                       only_a=only_a, only_b=only_b, clusters=None if keys is None or None in keys else keys,
+                       **options)
 
 
 @dataclass(frozen=True)
@@ -363,15 +527,62 @@ class Options:
     seed: int = SEED
     method: str = "percentile"
     style: str = "pm"                 # pm: `56.30 ± 1.20`; brackets: `56.30 [55.10, 57.50]`; none: the value only
+    cluster: bool = True              # resample the clusters (images) the items name; False: items one by one
 
-    def interval(self, values, groups=None, average="micro") -> Interval:
+    def interval(self, values, groups=None, average="micro", clusters=None) -> Interval:
         return interval(values, groups, average=average, confidence=self.confidence, n_resamples=self.n_resamples,
-                        seed=self.seed, method=self.method)
+                        seed=self.seed, method=self.method, clusters=clusters if self.cluster else None)
 
-    def compare(self, a: dict, b: dict, groups=None, average="micro") -> Comparison:
-        return compare_items(a, b, groups, average=average, confidence=self.confidence,
-                             n_resamples=self.n_resamples, n_permutations=self.n_permutations, seed=self.seed,
-                             method=self.method)
+    def compare(self, a: dict, b: dict, groups=None, average="micro", clusters=None) -> Comparison:
+        return compare_items(a, b, groups, clusters if self.cluster else None, average=average,
+                             confidence=self.confidence, n_resamples=self.n_resamples,
+                             n_permutations=self.n_permutations, seed=self.seed, method=self.method)
+
+
+# --- truncated answers -------------------------------------------------------------------------------------------
+TRUNCATED = "truncated_rate"     # the metric and per-item key: % of generated answers cut at max_new_tokens
+TRUNCATION_WARN = 5.0            # above this rate (%) a run prints one warning line
+UNKNOWN = "unknown"
+
+
+def truncation(answers: Sequence) -> np.ndarray:
+    """Per generated answer: 100.0 when it stopped at max_new_tokens (`answer.truncated` True), 0.0 when it ended at
+    a stop token (False), NaN when the backend does not say (a plain `str`, `truncated` None: imported answers)."""
+    flags = [getattr(answer, "truncated", None) for answer in answers]
+    return np.array([np.nan if f is None else 100.0 * bool(f) for f in flags], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """The truncated answers of a generation rule's run: `rate` (% of its answers) and `items` (their ids), both
+    None when any answer's truncation is unknown (recorded as "unknown", never as 0)."""
+    rate: float | None
+    items: tuple[str, ...] | None
+    flags: tuple[float, ...] | None       # per item 100 / 0, in item order
+
+    @classmethod
+    def of(cls, ids: Sequence[str], flags: Sequence[float] | None) -> "Truncation":
+        if flags is None or len(flags) != len(ids) or not len(ids) or np.isnan(np.asarray(flags, float)).any():
+            return cls(None, None, None)
+        flags = tuple(float(f) for f in flags)
+        return cls(float(np.mean(flags)), tuple(i for i, f in zip(ids, flags) if f), flags)
+
+    def record(self) -> dict:
+        """The result file's fields: `truncated`: the ids of the truncated answers, or "unknown"."""
+        return {"truncated": UNKNOWN if self.items is None else list(self.items)}
+
+    def item(self, k: int) -> dict:
+        """The per-item file's field of item `k` (`truncated_rate`: 100 or 0), none when unknown."""
+        return {} if self.flags is None else {TRUNCATED: self.flags[k]}
+
+    def warning(self, where: str) -> str | None:
+        """One line when more than TRUNCATION_WARN % of the answers were cut at max_new_tokens."""
+        if self.rate is None or self.rate <= TRUNCATION_WARN:
+            return None
+        shown = ", ".join(self.items[:3]) + (", ..." if len(self.items) > 3 else "")
+        return (f"warning: {where}: {len(self.items)} of {len(self.flags)} answers ({self.rate:.1f}%) stopped at "
+                f"max_new_tokens, not at an end token ({shown}); they are cut short (a larger max_new_tokens lets "
+                f"them finish)")
 
 
 # --- seeds -------------------------------------------------------------------------------------------------------
@@ -383,8 +594,8 @@ class SeedSpread:
     values: tuple[float, ...] = field(default=())
 
     def text(self, digits: int = 2) -> str:
-        spread = "–" if self.std is None else f"{self.std:.{digits}f}"
-        return f"{self.mean:.{digits}f} ± {spread} (n={self.n})"
+        spread = "–" if self.std is None else fixed(self.std, digits)
+        return f"{fixed(self.mean, digits)} ± {spread} (n={self.n})"
 
 
 def seed_spread(values: Sequence[float]) -> SeedSpread:

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from volta_ml.atomic import atomic_write_json
 from volta_ml.engine.failures import UsageError
 from volta_ml.options import complete_options
+from volta_ml.stats import TRUNCATED, Truncation, unique_ids
 
 from .backends import build_scorer
 from .data import HIDDEN_LABEL, CVQADataset, load_cvqa
@@ -32,6 +33,7 @@ from .prompts import CONDITIONS, parse_condition
 from .report import (accuracy_summary, en_loc_gap, plot_pairs, predict, predicted, write_predictions, write_submission,
                      write_tables)
 
+FLAGS = ("score", "parse_failed", "truncated")   # per-question arrays that are not a variant of the rule
 DEFAULTS = {
     "revision": None, "conditions": list(CONDITIONS), "template": None, "rule": "letter", "model": None,
     "model_revision": None, "image_model": None, "text_base": None, "dtype": "fp32", "device": "auto",
@@ -247,7 +249,13 @@ def _write_results(args, dataset, scorer, header, scores, failures, timing, out_
         if "parse_failed" in arrays:                            # the generate rule: unparsed answers, in %
             results.setdefault("parse_failure_rate", {})[condition] = round(
                 100.0 * float(arrays["parse_failed"][:, 0].mean()), 3)
-        for variant in (k for k in arrays if k not in ("score", "parse_failed")):   # the rule's variants (docs/cvqa.md)
+        if "truncated" in arrays:                               # the generate rule: answers cut at max tokens
+            cut = Truncation.of(unique_ids(q.id for q in questions), arrays["truncated"][:, 0])
+            results.setdefault(TRUNCATED, {})[condition] = cut.rate
+            results.setdefault("truncated", {})[condition] = cut.record()["truncated"]
+            if cut.warning(f"{condition} generate"):
+                print(f"CVQA: {cut.warning(f'{condition} generate')}", file=sys.stderr)
+        for variant in (k for k in arrays if k not in FLAGS):   # the rule's variants (docs/cvqa.md)
             results["variants"].setdefault(variant, {})[condition] = accuracy_summary(questions,
                                                                                       predict(arrays[variant]))
         if blind is not None:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from volta_ml.engine.failures import UsageError
+from volta_ml.stats import truncation
 
 from .data import CVQAQuestion
 from .prompts import (GENERATIVE_PROMPTS_VERSION, LETTERS, PROMPTS_VERSION, full_texts, generative_prompt,
@@ -173,7 +174,8 @@ class GenerativeScorer:
                 failed[i] = 1.0
             else:
                 scores[i, choice] = 1.0
-        return {"score": scores, "parse_failed": failed}
+        cut = np.repeat(truncation(answers)[:, None], NUM_OPTIONS, axis=1)    # the flag in every column, as above
+        return {"score": scores, "parse_failed": failed, "truncated": cut}
 
 
 class ImportedPredictions:

@@ -75,6 +75,20 @@ class Predictions:
         """The generate rule's answers that named no option (Prediction -1)."""
         return self.prediction == UNPARSED
 
+    @property
+    def truncated(self) -> np.ndarray | None:
+        """The generate rule's answers cut at max_new_tokens (100 / 0 per question, NaN where the backend does not
+        say), from the file's `truncated_<k>` columns; None for other rules and older files."""
+        flags = self.scores.get("truncated")
+        return None if flags is None else flags[:, 0]
+
+    def truncated_rate(self) -> str:
+        """The truncated rate as the comparison CSVs write it: repr of the %, "unknown", or "" (not generated)."""
+        flags = self.truncated
+        if flags is None:
+            return ""
+        return "unknown" if np.isnan(flags).any() else repr(float(flags.mean()))
+
     def items(self, group: str | None = None, key: str | None = None,
               values: np.ndarray | None = None) -> tuple[dict[str, float], dict[str, str]]:
         """Per-question values (in `group` == `key` when given): {ID: 100 | 0} for correct / wrong over the labelled
@@ -89,6 +103,12 @@ class Predictions:
         values = 100.0 * self.correct if values is None else values
         chosen = np.flatnonzero(keep)
         return ({self.ids[i]: float(values[i]) for i in chosen}, {self.ids[i]: self.groups["pair"][i] for i in chosen})
+
+    def clusters(self) -> dict[str, str] | None:
+        """{ID: the image it asks about} (the intervals resample images within pairs), or None for a file written
+        without its image column (then questions are resampled one by one)."""
+        images = self.groups.get("image")
+        return None if images is None else dict(zip(self.ids, images))
 
     @property
     def correct(self) -> np.ndarray:
@@ -169,6 +189,8 @@ def read_predictions(path: Path) -> Predictions:
               "image_type": [paper_image_source(r["image_type"]) for r in rows]}
     if "question_en" in rows[0]:
         groups["question_type"] = [question_type(r["question_en"]) for r in rows]
+    if all(r.get("image") for r in rows):         # written since issue 44: the image, the intervals' cluster
+        groups["image"] = [r["image"] for r in rows]
     return Predictions(path, prediction, label, groups, frozenset(r.get("revision") or "unknown" for r in rows),
                        unique_ids(r["ID"] for r in rows), scores)
 

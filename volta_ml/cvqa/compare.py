@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from volta_ml.engine.failures import UsageError
-from volta_ml.protocols.uncertainty import CellComparison, row_pairs
+from volta_ml.protocols.uncertainty import HOLM_COLUMN, TRUNCATED_SIDES, CellComparison, holm_adjust, row_pairs
 from volta_ml.stats import Options
 
 from .collect import Run, load_runs
@@ -19,7 +19,7 @@ AVERAGES = ("micro", "macro")
 
 
 def compare_two(run_a: Run, run_b: Run, options: Options) -> list[CellComparison]:
-    """A minus B for each prompt of both runs, micro and macro."""
+    """A minus B for each prompt of both runs, micro and macro, with Holm's p-values across them."""
     out = []
     for condition in [c for c in CONDITIONS if c in run_a.conditions and c in run_b.conditions]:
         (a, pairs), (b, _) = run_a.conditions[condition].items(), run_b.conditions[condition].items()
@@ -30,9 +30,12 @@ def compare_two(run_a: Run, run_b: Run, options: Options) -> list[CellComparison
             elif not set(a) & set(b):
                 cell.note = f"no question in common ({len(a)} in A, {len(b)} in B)"
             else:
-                cell.result = options.compare(a, b, pairs, average=average)
+                cell.result = options.compare(a, b, pairs, average=average,
+                                              clusters=run_a.conditions[condition].clusters())
+            cell.extra.update(zip(TRUNCATED_SIDES, (run_a.conditions[condition].truncated_rate(),
+                                                    run_b.conditions[condition].truncated_rate())))
             out.append(cell)
-    return out
+    return holm_adjust(out)
 
 
 def compare_cvqa(path_a: Path, path_b: Path, options: Options, row_a: str | None = None,
@@ -49,12 +52,13 @@ def baseline_table(runs: list[Run], baseline: str, options: Options) -> Table:
     if base is None:
         raise UsageError(f"--baseline {baseline!r}: no run with that label (runs: {', '.join(r.label for r in runs)})")
     table = Table("baseline_comparison", f"Paired differences from the baseline {baseline} (A − B, B = baseline)",
-                  ["prompt", "average", "A", "B", "A value", "B value", "A − B", "p", "paired questions",
+                  ["prompt", "average", "A", "B", "A value", "B value", "A − B", "p", HOLM_COLUMN, "paired questions",
                    "missing questions / note"],
                   note=f"A and B: each run's accuracy over the paired questions with its {options.confidence:.0%} "
                        f"bootstrap interval; A − B with its paired bootstrap interval (questions resampled within "
-                       f"their country-language pair); p: paired permutation test; `volta-ml compare` gives the same "
-                       f"numbers.")
+                       f"their country-language pair); p: paired permutation test; p (Holm): Holm-adjusted across "
+                       f"the cells of one run's comparison (its prompts, micro and macro); `volta-ml compare` gives "
+                       f"the same numbers.")
     for run in runs:
         if run is base:
             continue
@@ -62,9 +66,9 @@ def baseline_table(runs: list[Run], baseline: str, options: Options) -> Table:
             condition, average = cell.column.split()
             r = cell.result
             if r is None:
-                table.rows.append([condition, average, cell.a, cell.b, None, None, None, None, None, cell.note])
+                table.rows.append([condition, average, cell.a, cell.b, None, None, None, None, None, None, cell.note])
                 continue
             table.rows.append([condition, average, cell.a, cell.b, Measured(r.a, r.a_low, r.a_high),
                                Measured(r.b, r.b_low, r.b_high), Measured(r.difference, r.low, r.high),
-                               f"{r.p_value:.4f}", r.n, r.missing_text() or "-"])
+                               f"{r.p_value:.4f}", f"{cell.p_holm:.4f}", r.n, r.missing_text() or "-"])
     return table

@@ -18,7 +18,7 @@ from .data import HIDDEN_LABEL, CVQAQuestion
 
 RANDOM_ACCURACY = 25.0
 PREDICTION_COLUMNS = ["ID", "Prediction", "Label", "pair", "category", "image_type", "score_0", "score_1", "score_2",
-                      "score_3", "condition", "revision", "question_en"]
+                      "score_3", "condition", "revision", "question_en", "image"]   # image: the intervals' cluster
 BREAKDOWNS = {"pair": lambda q: q.pair, "category": lambda q: q.category, "image_type": lambda q: q.image_type}
 
 
@@ -96,8 +96,9 @@ def en_loc_gap(summaries: dict[str, dict]) -> dict:
 def write_predictions(path: str | Path, questions: list[CVQAQuestion], predictions, scores, condition: str,
                       revision: str, extra_scores: dict | None = None) -> Path:
     """`predictions_<condition>.csv`: one row per question with its prediction, label, groups, the four option
-    scores at full precision (shortest round-trip repr: ties are real ties) and the English question (for the
-    question-type breakdown). `scores` may be None (imported predictions): the score cells stay empty.
+    scores at full precision (shortest round-trip repr: ties are real ties), the English question (for the
+    question-type breakdown) and the image (several questions share one: the intervals resample images). `scores`
+    may be None (imported predictions): the score cells stay empty.
     `extra_scores` {name: [N, 4]} adds columns `<name>_0..<name>_3` after those, e.g. the open rule's
     `length_normalised` and the text-only control's `text_only` scores of each question."""
     extra_scores = extra_scores or {}
@@ -107,7 +108,7 @@ def write_predictions(path: str | Path, questions: list[CVQAQuestion], predictio
         for i, (q, pred) in enumerate(zip(questions, predictions)):
             row_scores = [repr(float(s)) for s in scores[i]] if scores is not None else [""] * 4
             writer.writerow([q.id, int(pred), q.label, q.pair, q.category, q.image_type] + row_scores
-                            + [condition, revision, q.question_en]
+                            + [condition, revision, q.question_en, q.image_id]
                             + [repr(float(s)) for values in extra_scores.values() for s in values[i]])
     return Path(path)
 

@@ -8,15 +8,16 @@ LOC diff, where diff = ours - paper, taken from unrounded accuracies. CSV keeps 
 the paper's rule.
 
 Every accuracy computed from per-question predictions carries its bootstrap interval (`Measured`,
-volta_ml/stats.py): questions resampled within their country-language pair; micro = over questions, macro = over
-pairs; the EN-LOC gap's is the paired interval (the same questions in both prompts). Markdown/LaTeX show
+volta_ml/stats.py): questions resampled within their country-language pair (by image, the cluster bootstrap, where
+the predictions file names each question's image); micro = over questions, macro = over pairs; the EN-LOC gap's is the paired interval (the same questions in both prompts). Markdown/LaTeX show
 `56.30 ± 1.20` (or `56.30 [55.10, 57.50]`), the CSV adds `<column> ci_low` / `<column> ci_high` columns after the
 existing ones. The text-only control's and the rule variants' rows (`<model> text-only`, `<model> length_normalised`)
 come from their per-question scores in the same predictions files and carry intervals the same way; only a folder
 written before those columns existed shows its summaries without. The paper's numbers, the differences from them,
 an EN-LOC gap over prompts that scored different questions, and the random row (the expected 25%) have none.
 `format_errors` (only when a run has unparsed answers or the generate rule): % of questions whose answer named no
-option, per run and prompt.
+option, per run and prompt; `truncated` (the generate rule): % of questions whose answer stopped at
+max_new_tokens, or "unknown" where the backend does not say.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from volta_ml.atomic import atomic_open
-from volta_ml.stats import Options, format_estimate
+from volta_ml.stats import Options, fixed, format_estimate, latex_text
 
 from . import paper
 from .collect import QUESTION_TYPES, TEXT_ONLY, Predictions, Run
@@ -55,7 +56,16 @@ def measured(preds: Predictions | None, options: Options, group: str | None = No
     values, pairs = preds.items(group, key)
     if not values:
         return None
-    iv = options.interval(list(values.values()), list(pairs.values()), average=average)
+    return _measured(preds, values, pairs, options, average)
+
+
+def _measured(preds: Predictions, values: dict[str, float], pairs: dict[str, str], options: Options,
+              average: str = "micro") -> Measured:
+    """The mean of `values` with its interval: questions resampled within pairs, by image where the file names
+    each question's image (the cluster bootstrap), else one by one."""
+    images = preds.clusters()
+    iv = options.interval(list(values.values()), list(pairs.values()), average=average,
+                          clusters=None if images is None else [images[i] for i in values])
     return Measured(_average(values, pairs, average), iv.low, iv.high)
 
 
@@ -79,7 +89,7 @@ def gap(en: Predictions | None, loc: Predictions | None, options: Options):
     (a, pairs), (b, _) = en.items(), loc.items()
     if set(a) != set(b):
         return en_v - loc_v
-    diff = options.compare(a, b, pairs)
+    diff = options.compare(a, b, pairs, clusters=en.clusters())
     return Measured(en_v - loc_v, diff.low, diff.high)
 
 
@@ -244,14 +254,32 @@ def format_errors(runs: list[Run], options: Options) -> Table:
             if "generate" not in run.rule and not preds.unparsed.any():
                 continue
             values, pairs = preds.items(values=100.0 * preds.unparsed)
-            iv = options.interval(list(values.values()), list(pairs.values()))
-            table.rows.append([condition] + _run_cells(run) + [len(values), Measured(_average(values, pairs, "micro"),
-                                                                                   iv.low, iv.high)])
+            table.rows.append([condition] + _run_cells(run) + [len(values), _measured(preds, values, pairs, options)])
     return table
 
 
-TABLES = (table3, table5, table6, table7, figure3, question_types, format_errors)
-OPTIONAL = {"format_errors"}          # written only when they have rows
+def truncated(runs: list[Run], options: Options) -> Table:
+    """The generate rule's answers cut at max_new_tokens (% of all questions of a prompt), per run and prompt;
+    "unknown" where the backend does not say."""
+    table = Table("truncated", "Truncated answers: generation stopped at max_new_tokens (%), generate rule",
+                  ["prompt"] + RUN_COLUMNS + ["questions", "truncated"],
+                  note="A truncated answer is cut short, not the model's whole answer; unknown: the backend does not "
+                       "say.")
+    for run in runs:
+        for condition, preds in run.conditions.items():
+            flags = preds.truncated
+            if flags is None:
+                continue
+            if np.isnan(flags).any():
+                table.rows.append([condition] + _run_cells(run) + [len(flags), "unknown"])
+                continue
+            values, pairs = preds.items(values=flags)
+            table.rows.append([condition] + _run_cells(run) + [len(values), _measured(preds, values, pairs, options)])
+    return table
+
+
+TABLES = (table3, table5, table6, table7, figure3, question_types, format_errors, truncated)
+OPTIONAL = {"format_errors", "truncated"}          # written only when they have rows
 
 
 def build_tables(runs: list[Run], options: Options | None = None) -> list[Table]:
@@ -266,14 +294,7 @@ def _fmt(value, digits: int, style: str = "pm") -> str:
         return "-"
     if isinstance(value, Measured):
         return format_estimate(value, value.low, value.high, digits, style)
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
-def _latex_escape(text: str) -> str:
-    for char, escaped in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
-                          ("$", r"\$"), ("{", r"\{"), ("}", r"\}")):
-        text = text.replace(char, escaped)
-    return text
+    return fixed(value, digits) if isinstance(value, float) else str(value)
 
 
 def markdown(table: Table, digits: int, style: str = "pm") -> list[str]:
@@ -290,10 +311,10 @@ def latex(table: Table, digits: int, style: str = "pm") -> str:
                for i in range(len(table.header))]
     spec = "".join("r" if n else "l" for n in numeric)
     lines = [r"\begin{table}[t]", r"\centering", r"\small", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
-             " & ".join(_latex_escape(h) for h in table.header) + r" \\", r"\midrule"]
-    lines += [" & ".join(_latex_escape(_fmt(v, digits, style)).replace("±", r"$\pm$") for v in row) + r" \\"
+             " & ".join(latex_text(h) for h in table.header) + r" \\", r"\midrule"]
+    lines += [" & ".join(latex_text(_fmt(v, digits, style)) for v in row) + r" \\"
               for row in table.rows]
-    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{_latex_escape(table.title)}}}",
+    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{latex_text(table.title)}}}",
               rf"\label{{tab:cvqa-{table.name.replace('_', '-')}}}", r"\end{table}", ""]
     return "\n".join(lines)
 

@@ -149,4 +149,9 @@ class BlipSeq2SeqBackend(BlipBackend):
         return self._gather(self.model(**batch, decoder_input_ids=dec_in).logits, ids, mask)
 
     def _generated(self, out: torch.Tensor, batch: dict) -> torch.Tensor:
-        return out                   # the decoder's text only
+        """The decoder's tokens after its start token (the output holds no prompt; the start token is the pad id,
+        which a truncated answer may repeat and which must not count as where it stopped)."""
+        start = self.model.generation_config.decoder_start_token_id
+        if start is None:
+            start = getattr(self.lm.config, "decoder_start_token_id", None)
+        return out[:, 1:] if out.shape[1] and start is not None and bool((out[:, 0] == start).all()) else out

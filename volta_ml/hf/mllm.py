@@ -79,7 +79,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .base import LETTER_SPELLINGS, BackendInputError, ChoiceTokenError, ModelSpec
+from .base import LETTER_SPELLINGS, Answer, BackendInputError, ChoiceTokenError, ModelSpec
 from .families import Family, family
 from .loading import (ModelLoadError, attach_adapter, blank_image, float_dtype, input_device, load_model,
                       load_processor, one_line)
@@ -653,17 +653,35 @@ class GenerativeBackend:
         return sums.flatten()
 
     @torch.inference_mode()
-    def generate(self, images, prompts, max_new_tokens: int) -> list[str]:
+    def generate(self, images, prompts, max_new_tokens: int) -> list[Answer]:
+        """Greedy answers (`Answer`s): text stripped of special tokens and the prompt, `truncated` when the generated
+        ids hold none of the tokens generation stops at (`stop_ids`): it ran until `max_new_tokens`."""
         if len(images) != len(prompts):
             raise ValueError(f"{len(images)} image lists for {len(prompts)} prompts")
-        answers: list[str] = [""] * len(prompts)
+        answers: list[Answer] = [Answer("")] * len(prompts)
+        stops = torch.tensor(sorted(self.stop_ids()), dtype=torch.long)
         for idx in self._groups(images):
             batch = self._batch([images[i] for i in idx], [prompts[i] for i in idx])
             out = self.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                                       pad_token_id=self.pad_id)
-            for i, text in zip(idx, self.tokenizer.batch_decode(self._generated(out, batch), skip_special_tokens=True)):
-                answers[i] = text.strip()
+            new = self._generated(out, batch)
+            ended = torch.isin(new.cpu(), stops).any(dim=1).tolist()
+            for i, text, stopped in zip(idx, self.tokenizer.batch_decode(new, skip_special_tokens=True), ended):
+                answers[i] = Answer(text.strip(), truncated=not stopped)
         return answers
+
+    def stop_ids(self) -> set[int]:
+        """The token ids `generate` stops at: the generation configs' `eos_token_id` (an id or a list: a chat model's
+        end-of-turn token too), of the model and of its language model, and the tokenizer's EOS. A row that holds
+        none of them stopped at `max_new_tokens` (greedy search has no other stopping rule here)."""
+        ids: set[int] = set()
+        for owner in (self.model, self.lm):
+            config = getattr(owner, "generation_config", None)
+            eos = getattr(config, "eos_token_id", None)
+            ids.update([eos] if isinstance(eos, int) else list(eos or []))
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
 
 
 LETTER_ANSWER = re.compile(r"^\W*([A-Z])(?:\W|$)")

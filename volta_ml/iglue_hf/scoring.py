@@ -12,6 +12,8 @@ from typing import Callable
 
 import numpy as np
 
+from volta_ml.stats import truncation
+
 from volta_ml.engine.failures import UsageError
 
 from .prompts import OPTIONS, letter_choices
@@ -65,7 +67,7 @@ def _argmax_options(task):
 
 def _generate_score(backend, images, prompts, context):
     answers = backend.generate(images, prompts, context["max_new_tokens"])
-    return {"answers": np.array(answers, dtype=str)}
+    return {"answers": np.array(answers, dtype=str), "truncated": truncation(answers)}
 
 
 def _generate_predict(arrays, context):

@@ -19,7 +19,7 @@ from volta_ml.engine.retrieval import save_array
 from volta_ml.hf.base import DualEncoder, Generative
 from volta_ml.protocols.hf_kinds import NEEDS
 from volta_ml.protocols.iglue import TASKS
-from volta_ml.stats import unique_ids, write_items
+from volta_ml.stats import TRUNCATED, Truncation, unique_ids, write_items
 from volta_ml.tasks.retrieval_metrics import top_images
 
 from .images import side_by_side
@@ -84,37 +84,57 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
     if not info.is_main:
         return None
     failed = source.failed_paths(arrays.pop(FAILED), [e.images for e in examples])
+    truncated = Truncation.of(unique_ids(e.id for e in examples), arrays.pop("truncated", None)) \
+        if rule_name == "generate" else None
     predictions = rule.predict(arrays, context)
     gold = [e.label for e in examples]
     score = accuracy(predictions, gold)
     metrics = {"score": score}
     if rule_name == "generate" and task in OPTIONS:          # multiple choice by generation: unparsed answers
         metrics["parse_failure_rate"] = 100.0 * sum(p == "" for p in predictions) / max(1, len(predictions))
+    if truncated is not None:                   # answers cut at max_new_tokens (None: the backend does not say)
+        metrics[TRUNCATED] = truncated.rate
     rows = [{"id": e.id, "line": e.line, "prediction": p, "label": e.label}
             for e, p in zip(examples, predictions)]
     if "answers" in arrays:
-        for row, raw in zip(rows, arrays["answers"].tolist()):
+        for k, (row, raw) in enumerate(zip(rows, arrays["answers"].tolist())):
             row["generated"] = raw
+            if truncated is not None and truncated.flags is not None:
+                row["truncated"] = bool(truncated.flags[k])
     write_predictions(out_dir / "predictions.jsonl", rows)
-    write_items(out_dir / f"{split}_items.jsonl", generative_items(rows, "parse_failure_rate" in metrics))
+    write_items(out_dir / f"{split}_items.jsonl", generative_items(rows, "parse_failure_rate" in metrics, truncated,
+                                                                   [image_cluster(e.images) for e in examples]))
     log_score(task, score)
+    if truncated is not None and truncated.warning(f"{task} {rule_name}"):
+        print(truncated.warning(f"{task} {rule_name}"), file=sys.stderr)
     n_images = 1 if layout == "canvas" else len(examples[0].images)   # a MaRVL canvas is one image
     return {"metrics": metrics, "n_examples": len(examples), "failed_images": failed, "rule_description": rule.describe,
             "marvl_layout": layout, "first_prompt": prompts[0],
             "first_prompt_rendered": backend.render(prompts[0], n_images),
             "prompt_format": getattr(backend, "prompt_format", None),
-            "qformer_truncated": getattr(backend, "qformer_truncated", None)}
+            "qformer_truncated": getattr(backend, "qformer_truncated", None),
+            **(truncated.record() if truncated is not None else {})}
 
 
-def generative_items(rows: list[dict], parsed: bool) -> list[dict]:
+def image_cluster(images) -> str | None:
+    """The cluster key of an item (volta_ml/stats.py): the image it asks about (XVNLI's Flickr30k photo, xGQA's
+    scene: several questions share one), `a+b` for MaRVL's pair; None without images."""
+    return "+".join(ref.id for ref in images) or None
+
+
+def generative_items(rows: list[dict], parsed: bool, truncated: Truncation | None = None,
+                     clusters: list[str | None] | None = None) -> list[dict]:
     """Per-item rows (volta_ml/stats.py): `score` 100 for an exact match, and with the generate rule of a multiple
-    choice task `parse_failure_rate` 100 for an answer that named no option; ids as the zoo's eval names them."""
+    choice task `parse_failure_rate` 100 for an answer that named no option, and with the generate rule
+    `truncated_rate` 100 for an answer cut at max_new_tokens (where the backend says); `cluster`: the image(s)
+    the item asks about (the intervals resample images); ids as the zoo's eval names them."""
     out = []
-    for item, row in zip(unique_ids(r["id"] for r in rows), rows):
-        values = {"id": item, "score": 100.0 * (row["prediction"] == row["label"])}
+    for k, (item, row) in enumerate(zip(unique_ids(r["id"] for r in rows), rows)):
+        values = {"id": item, "score": 100.0 * (row["prediction"] == row["label"]),
+                  "cluster": clusters[k] if clusters else None}
         if parsed:
             values["parse_failure_rate"] = 100.0 * (row["prediction"] == "")
-        out.append(values)
+        out.append({**values, **(truncated.item(k) if truncated is not None else {})})
     return out
 
 

@@ -83,6 +83,9 @@ def add_stat_flags(parser) -> None:
     g.add_argument("--bootstrap_seed", type=SEED, default=stats.SEED, help="seed of the resampling (default 0)")
     g.add_argument("--method", choices=("percentile", "BCa"), default="percentile",
                    help="scipy.stats.bootstrap's interval method (default percentile)")
+    g.add_argument("--resample", choices=("images", "items"), default="images",
+                   help="images (default): resample the images the items name, within each language (the cluster "
+                   "bootstrap; items without one are resampled one by one); items: every item on its own")
 
 
 def stat_options(args):
@@ -94,7 +97,8 @@ def stat_options(args):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag} {getattr(args, flag)}: expected a positive number")
     return Options(confidence=args.confidence, n_resamples=args.resamples, n_permutations=args.permutations,
-                   seed=args.bootstrap_seed, method=args.method, style=args.intervals)
+                   seed=args.bootstrap_seed, method=args.method, style=args.intervals,
+                   cluster=args.resample == "images")
 
 
 def _plan(args, write: bool):

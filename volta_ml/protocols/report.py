@@ -17,7 +17,8 @@ Uncertainty (uncertainty.py, volta_ml/stats.py): the Markdown/LaTeX cells of rec
 `value ± half-width` of a bootstrap interval (or `value [low, high]`); the CSVs stay IGLUE's, and
 `uncertainty/<stem>.csv` has every cell's interval, items, seeds (n, mean, std, per seed) and format-error rate;
 `seeds.*` lists the cells run with several seeds, `format_errors.*` the generate rule's unparsed answers per cell,
-`baseline.*` every row's paired difference from the baseline row.
+`truncated.*` its answers cut at max_new_tokens per cell, `baseline.*` every row's paired difference from the
+baseline row (with Holm's p-values across each table's cells).
 """
 from __future__ import annotations
 
@@ -29,12 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from volta_ml.stats import Options, seed_spread
+from volta_ml.stats import Options, fixed, latex_text, seed_spread
 
 from .iglue import TASKS, shot_count
 from .uncertainty import (
     AVG, COMPARE_HEADER, UNCERTAINTY_HEADER, CellComparison, CellStats, ItemFiles, cell_text, compare_items,
-    compare_md_header, compare_rows, seed_items, table_stats, uncertainty_rows,
+    compare_md_header, compare_rows, rate_text, seed_items, table_stats, truncation_text, uncertainty_rows,
 )
 
 MISSING = -1.0
@@ -132,13 +133,12 @@ def markdown(header: list[str], rows: list[list[str]], title: str = "") -> str:
 
 
 def latex(header: list[str], rows: list[list[str]], caption: str = "") -> str:
-    esc = lambda s: s.replace("_", r"\_").replace("%", r"\%").replace("&", r"\&").replace("–", "--")  # noqa: E731
     lines = [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}",
-             r"\toprule", " & ".join(esc(h) for h in header) + r" \\", r"\midrule"]
-    lines += [" & ".join(esc(c) for c in r) + r" \\" for r in rows]
+             r"\toprule", " & ".join(latex_text(h) for h in header) + r" \\", r"\midrule"]
+    lines += [" & ".join(latex_text(c) for c in r) + r" \\" for r in rows]
     lines += [r"\bottomrule", r"\end{tabular}"]
     if caption:
-        lines.append(r"\caption{" + esc(caption) + "}")
+        lines.append(r"\caption{" + latex_text(caption) + "}")
     lines.append(r"\end{table}")
     return "\n".join(lines) + "\n"
 
@@ -430,8 +430,9 @@ def write_seeds(tables, stats, digits: int, emit) -> None:
                 if s is None or s.seeds is None or s.seeds.n < 2:
                     continue
                 seeds = s.seeds
-                rows.append([stem, model, column, str(seeds.n), f"{seeds.mean:.{digits}f} ± {seeds.std:.{digits}f}",
-                             ", ".join(f"{v:.{digits}f}" for v in seeds.values)])
+                rows.append([stem, model, column, str(seeds.n),
+                             f"{fixed(seeds.mean, digits)} ± {fixed(seeds.std, digits)}",
+                             ", ".join(fixed(v, digits) for v in seeds.values)])
                 csv_rows.append([stem, model, column, str(seeds.n), repr(seeds.mean), repr(seeds.std),
                                  " ".join(repr(v) for v in seeds.values)])
     if rows:
@@ -439,22 +440,34 @@ def write_seeds(tables, stats, digits: int, emit) -> None:
 
 
 def write_format_errors(tables, stats, digits: int, emit) -> None:
-    """`format_errors.*`: the generate rule's unparsed answers, % of the items of each cell (with its interval)."""
+    """`format_errors.*`: the generate rule's unparsed answers, % of the items of each cell (with its interval);
+    `truncated.*`: its answers cut at max_new_tokens, % of the items of each cell (with its interval, or "unknown"
+    where the backend does not say)."""
     header = ["table", "model", "column", "format errors (%)"]
     rows, csv_rows = [], [["table", "model", "column", "format_error_rate", "ci_low", "ci_high"]]
+    cut_rows, cut_csv = [], [["table", "model", "column", "truncated_rate", "ci_low", "ci_high"]]
     for stem, table in tables:
         for model in table.models:
             for column in table.columns:
                 s = stats[stem].get((model, column))
-                if s is None or s.format_errors is None:
+                if s is None:
                     continue
-                fe = s.format_interval
-                text = f"{s.format_errors:.{digits}f}" + (f" [{fe.low:.{digits}f}, {fe.high:.{digits}f}]" if fe else "")
-                rows.append([stem, model, column, text])
-                csv_rows.append([stem, model, column, repr(s.format_errors), "" if fe is None else repr(fe.low),
-                                 "" if fe is None else repr(fe.high)])
+                if s.format_errors is not None:
+                    fe = s.format_interval
+                    rows.append([stem, model, column, rate_text(s.format_errors, fe, digits)])
+                    csv_rows.append([stem, model, column, repr(s.format_errors), "" if fe is None else repr(fe.low),
+                                     "" if fe is None else repr(fe.high)])
+                shown = truncation_text(s, digits)
+                if shown is not None:
+                    tr = s.truncated_interval
+                    cut_rows.append([stem, model, column, shown])
+                    cut_csv.append([stem, model, column, shown if s.truncated_unknown else repr(s.truncated),
+                                    "" if tr is None else repr(tr.low), "" if tr is None else repr(tr.high)])
     if rows:
         emit("format_errors", _csv(csv_rows), header, rows, "generate rule: answers that named no option (%)")
+    if cut_rows:
+        emit("truncated", _csv(cut_csv), ["table", "model", "column", "truncated answers (%)"], cut_rows,
+             "generate rule: answers cut at max_new_tokens (%); unknown: the backend does not say")
 
 
 def write_baseline(tables, baseline: str, files, options: Options, digits: int, emit,

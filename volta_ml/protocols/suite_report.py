@@ -7,10 +7,12 @@ benchmark's languages the table has. The numbers the benchmarks' authors and the
 (`protocols/suite.PUBLISHED`, sources in docs/suite.md) are rows `<name> (published)` of the same tables (those
 with a number in the table), their aggregates computed over the same columns, or the source's own `mul` / `avg`
 where it gives no per-language numbers and the table has every language of the benchmark. Generation rules on
-multiple choice also get `<Title>_format_errors` (the share of answers that named no option), and `suite_summary`
-puts every task's English and aggregate side by side.
+multiple choice also get `<Title>_format_errors` (the share of answers that named no option), every generation
+rule `<Title>_truncated` (the share of answers cut at max_new_tokens; a run whose backend does not say, imported
+answers, has no cell there), and `suite_summary` puts every task's English and aggregate side by side.
 
 Files: `<Title>.csv|md|tex` (retrieval: `<Title>_ir_r1`, `<Title>_tr_r1`), `<Title>_format_errors.*`,
+`<Title>_truncated.*`,
 `suite_summary.*`. Scores of one model, rule and language from several runs are averaged; different rules of a
 model are different rows (`<model> (<rule>)`).
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from volta_ml.stats import Options
+from volta_ml.stats import TRUNCATED, Options
 
 from .report import latex, markdown, row_names
 from .suite import PUBLISHED, SUITE
@@ -98,7 +100,8 @@ class SuiteTable:
         part = "" if have == total or not self.spec.languages else \
             f" (partial: {have} of the benchmark's {total} non-English languages)"
         avg = "; avg: unweighted mean over all languages of the table" if "avg" in self.aggregates else ""
-        what = {"score": self.spec.metric_name, "format_error_rate": "share of generated answers naming no option, %"}
+        what = {"score": self.spec.metric_name, "format_error_rate": "share of generated answers naming no option, %",
+                TRUNCATED: "share of generated answers cut at max_new_tokens, %; – where the backend does not say"}
         return (f"{self.spec.title}, {self.metric} ({what.get(self.metric, self.spec.metric_name)}); mul: unweighted "
                 f"mean over {have} non-English language(s){part}{avg}")
 
@@ -119,16 +122,19 @@ def suite_values(records: list[dict], metric_key: str) -> dict[str, dict[tuple, 
                 for m, langs in models.items()} for t, models in suite_sources(records, metric_key).items()}
 
 
+RATE_TABLES = {"format_error_rate": "format_errors", TRUNCATED: "truncated"}   # per-cell rates: metric -> stem suffix
+
+
 def build_suite_tables(records: list[dict]) -> list[tuple[str, SuiteTable]]:
     out = []
     for task, spec in SUITE.items():
-        for metric in spec.metrics + ("format_error_rate",):
+        for metric in spec.metrics + tuple(RATE_TABLES):
             sources = suite_sources(records, metric).get(task)
             if not sources:
                 continue
             values = suite_values(records, metric)[task]
-            if metric == "format_error_rate":
-                out.append((f"{spec.title}_format_errors", SuiteTable(task, metric, values, sources=sources)))
+            if metric in RATE_TABLES:
+                out.append((f"{spec.title}_{RATE_TABLES[metric]}", SuiteTable(task, metric, values, sources=sources)))
             else:
                 stem = spec.title if metric == "score" else f"{spec.title}_{metric}"
                 out.append((stem, SuiteTable(task, metric, values, PUBLISHED.get(task), sources)))

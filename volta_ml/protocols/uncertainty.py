@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from volta_ml.engine.failures import UsageError
 
 from volta_ml.stats import (
-    Comparison, Interval, ItemsError, Options, SeedSpread, metric_values, read_items, seed_spread,
+    TRUNCATED, UNKNOWN, Comparison, Interval, ItemsError, Options, SeedSpread, fixed, format_estimate, holm,
+    item_clusters, metric_values, read_items, seed_spread,
 )
 
 FORMAT_ERRORS = "parse_failure_rate"   # the generate rule's unparsed answers (% of items), iglue-hf's metric
@@ -29,10 +30,12 @@ AVG = "avg"
 
 
 class ItemFiles:
-    """Reads each per-item file once."""
+    """Reads each per-item file once. A record that names no per-item file (old IGLUE logs) has none; a named file
+    that is damaged or empty stops the report (`UsageError`: the file, the line and the cause), so that a cell never
+    shows a bare number as if it had never had per-item scores."""
 
     def __init__(self):
-        self.cache: dict[str, dict | ItemsError] = {}
+        self.cache: dict[str, dict] = {}
 
     def of(self, record: dict) -> dict | None:
         path = record.get("items")
@@ -42,9 +45,8 @@ class ItemFiles:
             try:
                 self.cache[path] = read_items(path)
             except ItemsError as error:
-                self.cache[path] = error
-        found = self.cache[path]
-        return None if isinstance(found, ItemsError) else found
+                raise UsageError(str(error)) from None
+        return self.cache[path]
 
 
 def seed_items(records: list[dict], metric: str, files: ItemFiles) -> tuple[dict[str, float] | None, str]:
@@ -53,7 +55,7 @@ def seed_items(records: list[dict], metric: str, files: ItemFiles) -> tuple[dict
     for record in records:
         items = files.of(record)
         if items is None:
-            return None, "no per-item file" if not record.get("items") else f"{record['items']}: unreadable"
+            return None, "no per-item file"
         values = metric_values(items, metric)
         if not values:
             return None, f"{record['items']}: no {metric} items"
@@ -62,6 +64,26 @@ def seed_items(records: list[dict], metric: str, files: ItemFiles) -> tuple[dict
     if any(set(v) != set(first) for v in per_seed[1:]):
         return None, "the seeds scored different items"
     return {i: sum(v[i] for v in per_seed) / len(per_seed) for i in first}, ""
+
+
+def seed_clusters(records: list[dict], files: ItemFiles) -> dict[str, str] | None:
+    """The cell's {item id: cluster key} (the image each item asks about) from its per-item files, or None when a
+    file names no cluster for some item (then its intervals resample items one by one, and record that)."""
+    found = None
+    for record in records:
+        items = files.of(record)
+        clusters = item_clusters(items) if items else None
+        if clusters is None:
+            return None
+        found = {**clusters, **(found or {})}
+    return found
+
+
+def cluster_list(items: dict[str, float], clusters: dict[str, str] | None) -> list[str] | None:
+    """The cluster of each of `items` in order, or None when one has none."""
+    if clusters is None or any(i not in clusters for i in items):
+        return None
+    return [clusters[i] for i in items]
 
 
 @dataclass
@@ -73,6 +95,9 @@ class CellStats:
     format_interval: Interval | None = None
     note: str = ""                               # why there is no interval
     items: int | None = None
+    truncated: float | None = None               # generation: mean over seeds of the truncated rate (%)
+    truncated_interval: Interval | None = None
+    truncated_unknown: bool = False              # a seed's backend does not say (imported answers)
 
 
 def metric_seeds(records: list[dict], metric: str) -> SeedSpread | None:
@@ -85,14 +110,50 @@ def cell_stats(records: list[dict], metric: str, files: ItemFiles, options: Opti
     stats = CellStats(seeds.mean if seeds else None, seeds=seeds)
     items, stats.note = seed_items(records, metric, files)
     if items:
-        stats.interval, stats.items = options.interval(list(items.values())), len(items)
-    errors = metric_seeds(records, FORMAT_ERRORS)
-    if errors:
-        stats.format_errors = errors.mean
-        error_items, _ = seed_items(records, FORMAT_ERRORS, files)
-        if error_items:
-            stats.format_interval = options.interval(list(error_items.values()))
+        stats.interval = options.interval(list(items.values()),
+                                          clusters=cluster_list(items, seed_clusters(records, files)))
+        stats.items = len(items)
+    stats.format_errors, stats.format_interval = rate_stats(records, FORMAT_ERRORS, files, options)
+    stats.truncated_unknown = truncation_unknown(records)
+    if not stats.truncated_unknown:
+        stats.truncated, stats.truncated_interval = rate_stats(records, TRUNCATED, files, options)
     return stats
+
+
+def rate_stats(records: list[dict], key: str, files: ItemFiles, options: Options) -> tuple[float | None,
+                                                                                        Interval | None]:
+    """A cell's rate (format errors, truncated answers: % of its items): the mean over seeds, and the interval over
+    its items where the per-item files carry them."""
+    seeds = metric_seeds(records, key)
+    if seeds is None:
+        return None, None
+    items, _ = seed_items(records, key, files)
+    if not items:
+        return seeds.mean, None
+    clusters = cluster_list(items, seed_clusters(records, files))
+    return seeds.mean, options.interval(list(items.values()), clusters=clusters)
+
+
+def truncation_unknown(records: list[dict]) -> bool:
+    """A generation run whose backend does not say which answers were cut (`truncated_rate` recorded as null)."""
+    return any(TRUNCATED in r.get("metrics", {}) and r["metrics"][TRUNCATED] is None for r in records)
+
+
+def truncation_text(stats: "CellStats | None", digits: int) -> str | None:
+    """A cell's truncated rate as the tables show it (`12.50 [3.10, 25.00]`), "unknown", or None (no generation)."""
+    if stats is None:
+        return None
+    if stats.truncated_unknown:
+        return UNKNOWN
+    if stats.truncated is None:
+        return None
+    return rate_text(stats.truncated, stats.truncated_interval, digits)
+
+
+def rate_text(rate: float, interval: Interval | None, digits: int) -> str:
+    """A rate with its interval, as the format-error and truncation tables show it: `12.50 [3.10, 25.00]`."""
+    return fixed(rate, digits) + (f" [{fixed(interval.low, digits)}, {fixed(interval.high, digits)}]"
+                                  if interval else "")
 
 
 def language_items(sources: dict[str, list[dict]], langs: list[str], metric: str,
@@ -107,6 +168,18 @@ def language_items(sources: dict[str, list[dict]], langs: list[str], metric: str
             values[f"{lang}/{item}"] = value
             groups[f"{lang}/{item}"] = lang
     return values, groups, ""
+
+
+def language_clusters(sources: dict[str, list[dict]], langs: list[str], files: ItemFiles) -> dict[str, str] | None:
+    """{"<lang>/<id>": "<lang>/<cluster>"} over several languages (an image is a cluster within its language), or
+    None when a language's items name no cluster."""
+    out = {}
+    for lang in langs:
+        clusters = seed_clusters(sources.get(lang, []), files) if sources.get(lang) else None
+        if clusters is None:
+            return None
+        out.update({f"{lang}/{i}": f"{lang}/{c}" for i, c in clusters.items()})
+    return out
 
 
 def average_seeds(sources: dict[str, list[dict]], langs: list[str], metric: str) -> SeedSpread | None:
@@ -135,7 +208,9 @@ def table_stats(table, metric: str, files: ItemFiles, options: Options) -> dict[
             stats = CellStats(value, seeds=average_seeds(sources, langs, metric))
             values, groups, stats.note = language_items(sources, langs, metric, files)
             if values:
-                stats.interval = options.interval(list(values.values()), list(groups.values()), average="macro")
+                stats.interval = options.interval(list(values.values()), list(groups.values()), average="macro",
+                                                  clusters=cluster_list(values, language_clusters(sources, langs,
+                                                                                                  files)))
                 stats.items = len(values)
             out[(model, name)] = stats
     return out
@@ -149,13 +224,14 @@ def cell_text(value: float | None, stats: CellStats | None, digits: int, style: 
     if value is None:
         return "–"
     if stats is None or stats.interval is None:
-        return f"{value:.{digits}f}"
+        return fixed(value, digits)
     return stats.interval.text(digits, style)
 
 
 UNCERTAINTY_HEADER = ["model", "column", "value", "ci_low", "ci_high", "items", "seeds", "seed_mean", "seed_std",
                       "per_seed", "format_error_rate", "format_error_low", "format_error_high", "note", "method",
-                      "confidence", "n_resamples", "bootstrap_seed"]
+                      "confidence", "n_resamples", "bootstrap_seed", "truncated_rate", "truncated_low",
+                      "truncated_high", "resampling"]
 
 
 def _num(value) -> str:
@@ -170,20 +246,23 @@ def uncertainty_rows(table, stats: dict[tuple[str, str], CellStats], options: Op
             s = stats.get((model, column))
             if s is None or s.value is None:
                 continue
-            iv, seeds, fe = s.interval, s.seeds, s.format_interval
+            iv, seeds, fe, tr = s.interval, s.seeds, s.format_interval, s.truncated_interval
             rows.append([model, column, _num(s.value), _num(iv and iv.low), _num(iv and iv.high),
                          "" if s.items is None else str(s.items), "" if seeds is None else str(seeds.n),
                          _num(seeds and seeds.mean), _num(seeds and seeds.std),
                          " ".join(repr(v) for v in seeds.values) if seeds else "",
                          _num(s.format_errors), _num(fe and fe.low), _num(fe and fe.high), s.note,
-                         options.method, repr(options.confidence), str(options.n_resamples), str(options.seed)])
+                         options.method, repr(options.confidence), str(options.n_resamples), str(options.seed),
+                         UNKNOWN if s.truncated_unknown else _num(s.truncated), _num(tr and tr.low),
+                         _num(tr and tr.high), iv.resampling if iv else ""])
     return rows
 
 
 # --- comparisons of two rows ---------------------------------------------------------------------------------------
 COMPARE_HEADER = ["table", "column", "A", "B", "A_value", "B_value", "difference", "ci_low", "ci_high", "p_value",
-                  "exact", "paired_items", "only_in_A", "only_in_B", "note", "A_ci_low", "A_ci_high", "B_ci_low",
-                  "B_ci_high"]
+                  "p_holm", "exact", "paired_items", "only_in_A", "only_in_B", "note", "A_ci_low", "A_ci_high",
+                  "B_ci_low", "B_ci_high", "A_truncated_rate", "B_truncated_rate", "resampling"]
+TRUNCATED_SIDES = ("A_truncated_rate", "B_truncated_rate")
 
 
 @dataclass
@@ -195,29 +274,55 @@ class CellComparison:
     result: Comparison | None = None
     note: str = ""
     extra: dict = field(default_factory=dict)
+    p_holm: float | None = None      # Holm-adjusted across the cells of its table with p-values (holm_adjust)
 
     def csv_row(self) -> list[str]:
         r = self.result
+        cut = [self.extra.get(side, "") for side in TRUNCATED_SIDES]
         if r is None:
-            return [self.table, self.column, self.a, self.b] + [""] * 10 + [self.note] + [""] * 4
+            return [self.table, self.column, self.a, self.b] + [""] * 11 + [self.note] + [""] * 4 + cut + [""]
         return [self.table, self.column, self.a, self.b, repr(r.a), repr(r.b), repr(r.difference), repr(r.low),
-                repr(r.high), repr(r.p_value), str(r.exact).lower(), str(r.n), " ".join(r.only_a), " ".join(r.only_b),
-                self.note] + [_num(v) for v in (r.a_low, r.a_high, r.b_low, r.b_high)]
+                repr(r.high), repr(r.p_value), _num(self.p_holm), str(r.exact).lower(), str(r.n), " ".join(r.only_a),
+                " ".join(r.only_b), self.note] + [_num(v) for v in (r.a_low, r.a_high, r.b_low, r.b_high)] + cut + \
+            [r.resampling]
+
+    def truncation_note(self, digits: int) -> str:
+        """`truncated: A 12.50%, B unknown` where a side's answers were generated, else ""."""
+        cut = {side[0]: self.extra.get(side, "") for side in TRUNCATED_SIDES}
+        if not any(cut.values()):
+            return ""
+        shown = lambda v: "–" if not v else v if v == UNKNOWN else f"{fixed(float(v), digits)}%"  # noqa: E731
+        return f"truncated: A {shown(cut['A'])}, B {shown(cut['B'])}"
 
     def markdown_row(self, digits: int, style: str = "pm") -> list[str]:
         """A and B with their own intervals over the paired items (`style`), the difference with its paired one."""
         r = self.result
+        note = "; ".join(x for x in (self.note, self.truncation_note(digits)) if x)
         if r is None:
-            return [self.table, self.column, self.a, self.b, "–", "–", "–", "–", "–", self.note]
+            return [self.table, self.column, self.a, self.b, "–", "–", "–", "–", "–", "–", note]
         return [self.table, self.column, self.a, self.b, r.side_text("A", digits, style),
                 r.side_text("B", digits, style),
-                f"{r.difference:+.{digits}f} [{r.low:+.{digits}f}, {r.high:+.{digits}f}]", f"{r.p_value:.4f}",
-                str(r.n), "; ".join(x for x in (r.missing_text(), self.note) if x)]
+                format_estimate(r.difference, r.low, r.high, digits, "brackets", signed=True), f"{r.p_value:.4f}",
+                "–" if self.p_holm is None else f"{self.p_holm:.4f}", str(r.n),
+                "; ".join(x for x in (r.missing_text(), note) if x)]
 
 
 def compare_md_header(options: Options) -> list[str]:
     return ["table", "column", "A", "B", "A value", "B value", f"A − B [{options.confidence:.0%} CI]", "p",
-            "paired items", "missing items / note"]
+            HOLM_COLUMN, "paired items", "missing items / note"]
+
+
+HOLM_COLUMN = "p (Holm)"
+
+
+def holm_adjust(cells: list[CellComparison]) -> list[CellComparison]:
+    """Set each cell's `p_holm`: Holm's adjustment (stats.holm) across the cells of one table for one pair of rows
+    that have a p-value (its languages and aggregates: a 20-language table at alpha 0.05 shows about one
+    "significant" raw p by chance, not by Holm's). Returns `cells`."""
+    tested = [c for c in cells if c.result is not None]
+    for cell, adjusted in zip(tested, holm([c.result.p_value for c in tested])):
+        cell.p_holm = adjusted
+    return cells
 
 
 NO_SCORE = "no score"
@@ -231,18 +336,43 @@ def row_items(table, row: str, metric: str, files: ItemFiles) -> dict[str, tuple
 
 def compare_rows(stem: str, table_a, row_a: str, table_b, row_b: str, metric: str, files: ItemFiles,
                  options: Options) -> list[CellComparison]:
-    """Row `row_a` of `table_a` minus row `row_b` of `table_b` (compare_items)."""
-    return compare_items(stem, row_a, row_b, row_items(table_a, row_a, metric, files),
-                         row_items(table_b, row_b, metric, files), table_a.aggregate_columns(),
-                         table_b.aggregate_columns(), options)
+    """Row `row_a` of `table_a` minus row `row_b` of `table_b` (compare_items), with each side's truncated rate."""
+    sources_a = table_a.sources.get(row_a, {})
+    clusters = {c: seed_clusters(sources_a[c], files) if sources_a.get(c) else None for c in table_a.columns}
+    cells = compare_items(stem, row_a, row_b, row_items(table_a, row_a, metric, files),
+                          row_items(table_b, row_b, metric, files), table_a.aggregate_columns(),
+                          table_b.aggregate_columns(), options, clusters)
+    aggregates = dict(table_a.aggregate_columns())
+    for cell in cells:
+        for side, table, row in zip(TRUNCATED_SIDES, (table_a, table_b), (row_a, row_b)):
+            sources = table.sources.get(row, {})
+            langs = aggregates.get(cell.column, [cell.column])
+            cell.extra[side] = truncated_rate_text([sources.get(lang, []) for lang in langs])
+    return cells
+
+
+def truncated_rate_text(cells: list[list[dict]]) -> str:
+    """The truncated rate of one cell (or the mean over an aggregate's languages) from its records, as the CSV
+    writes it: repr of the %, "unknown", or "" (not a generation rule, or a language missing)."""
+    rates = []
+    for records in cells:
+        if truncation_unknown(records):
+            return UNKNOWN
+        seeds = metric_seeds(records, TRUNCATED) if records else None
+        if seeds is None:
+            return ""
+        rates.append(seeds.mean)
+    return repr(sum(rates) / len(rates)) if rates else ""
 
 
 def compare_items(stem: str, row_a: str, row_b: str, items_a: dict, items_b: dict, aggregates_a: list,
-                  aggregates_b: list, options: Options) -> list[CellComparison]:
+                  aggregates_b: list, options: Options, clusters: dict | None = None) -> list[CellComparison]:
     """A minus B per language column both sides have (`items_*`: column -> (items, why none), as row_items gives
     them) and per aggregate (`avg`, `mul`: (name, languages)) over its languages both have: the paired difference
     on the items both scored (those on one side only are named), its paired bootstrap interval (an aggregate's
-    resampled within each language) and the permutation p-value."""
+    resampled within each language; `clusters`: column -> A's {item id: cluster}, the images resampled and
+    sign-flipped as wholes where every paired item names one) and the permutation p-value."""
+    clusters = clusters or {}
     out = []
     for column in [c for c in items_a if c in items_b]:
         cell = CellComparison(stem, column, row_a, row_b)
@@ -253,7 +383,7 @@ def compare_items(stem: str, row_a: str, row_b: str, items_a: dict, items_b: dic
         elif not set(a) & set(b):
             cell.note = f"no item in common ({len(a)} in A, {len(b)} in B)"
         else:
-            cell.result = options.compare(a, b)
+            cell.result = options.compare(a, b, clusters=clusters.get(column))
         out.append(cell)
     for name, langs in aggregates_a:
         targets = [t for t in langs if t in dict(aggregates_b).get(name, ())]
@@ -273,9 +403,13 @@ def compare_items(stem: str, row_a: str, row_b: str, items_a: dict, items_b: dic
             if not set(a) & set(b):
                 cell.note = "no item in common"
             else:
-                cell.result = options.compare(a, b, {key: key.split("/", 1)[0] for key in a}, average="macro")
+                per_lang = [clusters.get(lang) for lang in targets]
+                keyed = None if None in per_lang else {f"{lang}/{i}": f"{lang}/{c}" for lang, found in
+                                                       zip(targets, per_lang) for i, c in found.items()}
+                cell.result = options.compare(a, b, {key: key.split("/", 1)[0] for key in a}, average="macro",
+                                              clusters=keyed)
         out.append(cell)
-    return out
+    return holm_adjust(out)
 
 
 def row_pairs(stem: str, rows_a: list[str], rows_b: list[str], row_a: str | None,

@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from volta_ml.engine.failures import UsageError
+from volta_ml.stats import truncation
 
 from . import ptb
 from .text import (ARTICLES, INSTALL, NUMBER_WORDS, jar_versions, normalise_answer, prepare, ptb_jar,
@@ -61,7 +62,7 @@ def gold_indices(item) -> set[int]:
 # --- what the backend is asked ----------------------------------------------------------------------------------
 def _generate(backend, images, prompts, context) -> dict:
     answers = backend.generate(images, prompts, context["max_new_tokens"])
-    return {"answers": np.array(answers, dtype=str)}
+    return {"answers": np.array(answers, dtype=str), "truncated": truncation(answers)}
 
 
 def _letters(backend, images, prompts, context) -> dict:

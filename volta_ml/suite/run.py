@@ -38,7 +38,7 @@ from volta_ml.iglue_hf.run import finish_cell, load_backend, model_contents, _mo
 from volta_ml.iglue_hf.tasks import FAILED, BackendTaskError, backend_kind, run_retrieval, score_items
 from volta_ml.options import complete_options
 from volta_ml.protocols.suite import SUITE, language_problem
-from volta_ml.stats import unique_ids, write_items
+from volta_ml.stats import TRUNCATED, Truncation, unique_ids, write_items
 
 from .data import resolve
 from .images import stack
@@ -213,16 +213,24 @@ def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, split
         return None
     reasons = arrays.pop(FAILED, None)
     failed = data.store.failed_in(reasons, [item.images for item in items]) if reasons is not None else {}
+    flags = arrays.pop("truncated", None)      # absent: imported answers, whose truncation is unknown
+    truncated = Truncation.of(unique_ids(item.id for item in items), flags) if rule.kind == "generate" else None
     judged = rule.judge(arrays, items, context)
     metrics = summarise(judged)
+    if truncated is not None:
+        metrics[TRUNCATED] = truncated.rate
     answers = [str(a) for a in arrays["answers"].tolist()]
     with atomic_open(out_dir / "predictions.jsonl", "w", encoding="utf-8") as handle:
         for k, (item, j) in enumerate(zip(items, judged)):
             gold = ("ABCDEFGHIJKLMNOPQRSTUVWXYZ"[item.answer] if item.answer is not None else list(item.references))
-            handle.write(json.dumps({"id": item.id, "lang": item.lang, "score": j.score, "correct": j.score,
-                                     "parsed": j.parsed, "prediction": j.prediction, "gold": gold,
-                                     "generated": answers[k], "prompt": prompts[k]}, ensure_ascii=False) + "\n")
-    write_items(out_dir / f"{split}_items.jsonl", judged_items(items, judged))
+            line = {"id": item.id, "lang": item.lang, "score": j.score, "correct": j.score, "parsed": j.parsed,
+                    "prediction": j.prediction, "gold": gold, "generated": answers[k], "prompt": prompts[k]}
+            if truncated is not None and truncated.flags is not None:
+                line["truncated"] = bool(truncated.flags[k])
+            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+    write_items(out_dir / f"{split}_items.jsonl", judged_items(items, judged, truncated))
+    if truncated is not None and truncated.warning(f"{row.name} {rule_name}"):
+        print(truncated.warning(f"{row.name} {rule_name}"), file=sys.stderr)
     limit = getattr(backend, "max_images", None)
     stacked = sum(1 for item in items if limit is not None and len(item.images) > limit)
     n_images = min(len(items[0].images), limit) if limit is not None else len(items[0].images)
@@ -230,7 +238,8 @@ def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, split
             "max_new_tokens": max_new_tokens, "first_prompt": prompts[0],
             "first_prompt_rendered": backend.render(prompts[0], n_images),
             "prompt_format": getattr(backend, "prompt_format", None), "stacked_images": stacked,
-            "qformer_truncated": getattr(backend, "qformer_truncated", None)}
+            "qformer_truncated": getattr(backend, "qformer_truncated", None),
+            **(truncated.record() if truncated is not None else {})}
 
 
 IMPORT = "import"
@@ -282,16 +291,19 @@ class ImportedAnswers:
         return prompt
 
 
-def judged_items(items, judged) -> list[dict]:
+def judged_items(items, judged, truncated: Truncation | None = None) -> list[dict]:
     """The per-item file's rows (volta_ml/stats.py): `score` 100 x the item's score (1 / 0, or its CIDEr: their
     mean is `summarise`'s score) and, for an item whose answer was parsed or not, `format_error_rate` (100 when it
-    named no option), so the report bootstraps both."""
+    named no option), and with a generation rule `truncated_rate` (100 for an answer cut at max_new_tokens, where
+    the backend says), so the report bootstraps them; `cluster`: the image(s) the item asks about (MaXM, MTVQA,
+    xMMMU: several questions share one), which the intervals resample as a whole."""
     rows = []
-    for item, j in zip(unique_ids(item.id for item in items), judged):
-        row = {"id": item, "score": 100.0 * float(j.score)}
+    for k, (item, j) in enumerate(zip(unique_ids(item.id for item in items), judged)):
+        row = {"id": item, "score": 100.0 * float(j.score),
+               "cluster": "+".join(map(str, items[k].images)) or None}   # the image(s) it asks about
         if j.parsed is not None:
             row["format_error_rate"] = 0.0 if j.parsed else 100.0
-        rows.append(row)
+        rows.append({**row, **(truncated.item(k) if truncated is not None else {})})
     return rows
 
 
