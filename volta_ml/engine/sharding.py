@@ -108,13 +108,25 @@ def _owned_tensors(module: nn.Module, skip: set) -> list[tuple[nn.Module, str, s
             if tensor is not None]
 
 
+def _rows(tensor: torch.Tensor, world: int) -> list[tuple[int, int]]:
+    """(first row, rows) of each rank's shard of `tensor` along dimension 0, as FSDP2 cuts it (`torch.chunk` into
+    `world` pieces, the missing ones empty)."""
+    if tensor.dim() == 0:
+        return [(0, 0)] * world
+    size = -(-tensor.shape[0] // world)
+    return [(min(r * size, tensor.shape[0]), max(0, min(size, tensor.shape[0] - r * size))) for r in range(world)]
+
+
 def take_from_rank0(module: nn.Module, skip: set, info: DistInfo) -> None:
-    """Rank 0's parameters and buffers of `module` (but those of the submodules in `skip`) broadcast to the other
-    ranks, which built theirs on the meta device: there each becomes a tensor holding rank 0's values (a parameter
-    keeps its `requires_grad`; a tensor held by two modules, tied weights, stays one tensor). Collective; called
-    unit by unit just before the unit is sharded, so a rank > 0 holds one whole unit at most, beyond its shards,
-    and the weights are read from disk once (by rank 0). Shapes and dtypes are rank 0's; a rank whose model
-    differs in shape stops with a RuntimeError naming the tensor."""
+    """Rank 0's parameters and buffers of `module` (but those of the submodules in `skip`) sent to the other ranks,
+    which built theirs on the meta device. Called unit by unit just before the unit is sharded, so the weights are
+    read from disk once (by rank 0). A parameter becomes, on a rank > 0, a tensor of its whole shape of which rank 0
+    sends only the rows this rank's FSDP shard holds (dimension 0, FSDP2's cut): the other rows are never written,
+    so their memory pages are never touched and the rank's resident memory grows by its shard alone (on the CPU;
+    a GPU allocates the whole unit for a moment). Buffers (persistent or not: rotary `inv_freq`) are replicated:
+    broadcast whole. A parameter keeps its `requires_grad`; a tensor held by two modules (tied weights) stays one
+    tensor. Shapes and dtypes are rank 0's; a rank whose model differs in shape stops with a RuntimeError naming
+    the tensor. Collective."""
     owned = _owned_tensors(module, skip)
     unique: dict[int, torch.Tensor] = {}
     for *_, tensor in owned:
@@ -130,13 +142,24 @@ def take_from_rank0(module: nn.Module, skip: set, info: DistInfo) -> None:
         if tuple(tensor.shape) != shape:
             raise RuntimeError(f"--sharding fsdp: {names[key]} has shape {tuple(tensor.shape)} on rank {info.rank}, "
                                f"{shape} on rank 0")
+        parameter = isinstance(tensor, nn.Parameter)
+        rows = _rows(tensor, info.world_size)
         if info.is_main:
-            dist.broadcast(tensor.detach().to(device).contiguous(), src=0)
+            sent = tensor.detach().to(device).contiguous()
+            if not parameter or sent.dim() == 0:
+                dist.broadcast(sent, src=0)
+                continue
+            pending = [dist.isend(sent.narrow(0, first, count), dst=rank)
+                       for rank, (first, count) in enumerate(rows) if rank and count]
+            for work in pending:
+                work.wait()
             continue
         value = torch.empty(shape, dtype=dtype, device=device)
-        dist.broadcast(value, src=0)
-        received[key] = nn.Parameter(value, requires_grad=tensor.requires_grad) \
-            if isinstance(tensor, nn.Parameter) else value
+        if not parameter or value.dim() == 0:
+            dist.broadcast(value, src=0)
+        elif rows[info.rank][1]:
+            dist.recv(value.narrow(0, *rows[info.rank]), src=0)
+        received[key] = nn.Parameter(value, requires_grad=tensor.requires_grad) if parameter else value
     for owner, kind, key, tensor in owned if received else ():
         getattr(owner, kind)[key] = received[id(tensor)]
 
