@@ -2,8 +2,20 @@
 """Per-rank memory of parameters + gradients + optimizer state, `--sharding ddp` against `--sharding fsdp`
 (docs/hf_models.md, "Models larger than one GPU"). A benchmark, not a test: it takes minutes.
 
-    python benchmarks/bench_fsdp_memory.py                      # 2 and 4 gloo ranks on the CPU
+    python benchmarks/bench_fsdp_memory.py                      # 2 and 4 gloo ranks on the CPU, every part
     python benchmarks/bench_fsdp_memory.py --ranks 2 --json fsdp_memory.json
+    python benchmarks/bench_fsdp_memory.py --part host --ranks 2 4 --host_divisor 8 --host_layers 8
+    python benchmarks/bench_fsdp_memory.py --part options --ranks 2
+
+Three parts:
+- `host`: peak host memory (RSS) per rank and for the node (the largest sum of the ranks' simultaneous RSS,
+  sampled every 5 ms) while the model is loaded and sharded, and while a full fine-tuning's `hf_best/` is
+  written, each way: before (every rank reads the checkpoint; the whole state gathered on rank 0, then
+  save_pretrained) and now (ranks > 0 on the meta device, rank 0 sending each its rows; `hf.export.save_by_unit`),
+  for a bf16 checkpoint (in files of 2.3 decoder layers, as the published 72B's) loaded in bf16 and in fp32;
+- `options`: what bf16 mixed precision, `--fsdp_offload` and activation checkpointing save in memory and cost in
+  time (states per process, the peak RSS of a training step, the step's time);
+- `states` (below): parameters + gradients + optimizer state per rank, DDP against FSDP.
 
 Measured: Qwen2.5-VL-72B-Instruct's architecture (its published config below: GQA with 8 key/value heads, SwiGLU
 MLP 3.6 x wide, untied 152k-token embeddings and LM head, the window-attention vision tower and its merger) at
@@ -359,6 +371,94 @@ def host_table(report: dict) -> list[dict]:
     return table
 
 
+# --- what bf16, offload and activation checkpointing save and cost ------------------------------------------------
+OPTIONS = {"plain": {}, "bf16": {"amp": "bf16"}, "offload": {"fsdp_offload": True}, "checkpointing": {}}
+
+
+def _options_worker(rank: int, world: int, store: str, divisor: int, text: int, results: str) -> None:
+    """Full fine-tuning (fp32 weights) under FSDP, one option at a time: 4 training steps; the states this rank holds
+    and where, the peak RSS of the steps above the RSS before them (activations, gathered units, gradients before
+    their reduce-scatter), the mean time of steps 2-4."""
+    import time
+
+    import torch.distributed as dist
+    from transformers import Qwen2_5_VLForConditionalGeneration
+    from volta_ml.engine import sharding
+    from volta_ml.engine.distributed import DistInfo
+    from volta_ml.engine.optim import build_optimizer
+    from volta_ml.engine.train_support import Precision
+    from volta_ml.iglue_hf.contrastive import checkpoint_activations
+    from volta_ml.iglue_hf.finetune import shard_units
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    info = DistInfo(rank=rank, world_size=world, device=torch.device("cpu"), initialized=True)
+    job = SimpleNamespace(shard_units=shard_units, train_dtype=None, interleaved=None)
+    config = qwen25_vl_config(divisor=divisor)
+    rows = []
+    for option, flags in OPTIONS.items():
+        args = SimpleNamespace(**{"amp": "none", "fsdp_offload": False, **flags}, compile=False, sharding="fsdp",
+                               optim="AdamW", adam_impl="volta", lr=1e-4, weight_decay=0.01, adam_epsilon=1e-6,
+                               adam_betas=[0.9, 0.999], adam_correct_bias=True)
+        torch.manual_seed(0)
+        hf = trainable_setup(Qwen2_5_VLForConditionalGeneration(config), "full")
+        if option == "checkpointing":
+            checkpoint_activations(hf)
+        model = sharding.FullySharded(args, job, info).place(Step(hf.train()))
+        optimizer = build_optimizer(model, args, info.device)
+        batch = synthetic_batch(config, batch=2, text=text)
+        batch["pixel_values"] = batch["pixel_values"].float()
+        times = []
+        dist.barrier()
+        before = rss_bytes()
+        reset_peak()
+        for _ in range(4):
+            start = time.perf_counter()
+            with Precision(args.amp, info.device).autocast():
+                logits = model(batch)
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1),
+                                                     batch["input_ids"][:, 1:].flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del logits
+            times.append(time.perf_counter() - start)
+        rows.append({"option": option, "rank": rank, "states": held_bytes(model, optimizer)["total"],
+                     "states_device": str(next(model.parameters()).device), "step_peak": rss_bytes("VmHWM") - before,
+                     "step_s": sum(times[1:]) / len(times[1:]), "loss": float(loss)})
+        del model, optimizer, hf, loss
+    Path(results, f"options_rank{rank}.json").write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def measure_options(world: int, divisor: int, text: int) -> list[dict]:
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_options_worker, args=(world, os.path.join(tmp, "store"), divisor, text, tmp), nprocs=world, join=True)
+        return [row for r in range(world) for row in json.loads(Path(tmp, f"options_rank{r}.json").read_text())]
+
+
+def options_report(args) -> dict:
+    world = args.ranks[0]
+    print(f"Options: full fine-tuning (fp32 weights, AdamW), Qwen2.5-VL-72B architecture, 2 decoder layers + 2 vision "
+          f"blocks, widths / {args.divisor}, FSDP over {world} gloo processes, batch 2 x {args.options_text} text tokens "
+          f"+ one 56x56 image; max over ranks\n")
+    rows = measure_options(world, args.divisor, args.options_text)
+    print("| option | states per process (MiB) | held in | peak RSS of a step above before (MiB) | step s | x plain time |")
+    print("|---|---:|---|---:|---:|---:|")
+    plain = max(r["step_s"] for r in rows if r["option"] == "plain")
+    table = []
+    for option in OPTIONS:
+        mine = [r for r in rows if r["option"] == option]
+        row = {"option": option, "states": max(r["states"] for r in mine), "held_in": mine[0]["states_device"],
+               "step_peak": max(r["step_peak"] for r in mine), "step_s": max(r["step_s"] for r in mine)}
+        table.append(row)
+        place = "CPU memory" + (" (offloaded: on a GPU run, none of it on the GPU)" if option == "offload" else "")
+        print(f"| {option} | {row['states'] / 2**20:.1f} | {place} | {row['step_peak'] / 2**20:.0f} | "
+              f"{row['step_s']:.2f} | {row['step_s'] / plain:.2f} |")
+    print()
+    return {"rows": rows, "table": table}
+
+
 def measure(world: int, divisor: int) -> list[dict]:
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as tmp:
@@ -418,15 +518,19 @@ def main(argv=None) -> dict:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--divisor", type=int, default=8, help="widths divided by this for the measured step")
     parser.add_argument("--json", default=None, help="write the results here")
-    parser.add_argument("--part", choices=("states", "host", "all"), default="all",
+    parser.add_argument("--part", choices=("states", "host", "options", "all"), default="all",
                         help="states: parameters + gradients + optimizer state per rank; host: peak host memory at "
-                             "load and at export")
+                             "load and at export; options: what bf16, --fsdp_offload and activation checkpointing "
+                             "save and cost")
+    parser.add_argument("--options_text", type=int, default=512, help="text tokens per example for --part options")
     parser.add_argument("--host_divisor", type=int, default=4, help="widths divided by this for --part host")
     parser.add_argument("--host_layers", type=int, default=6, help="decoder layers for --part host")
     args = parser.parse_args(argv)
     report = {}
     if args.part in ("host", "all"):
         report["host"] = host_report(args)
+    if args.part in ("options", "all"):
+        report["options"] = options_report(args)
     if args.part in ("states", "all"):
         report.update(states_report(args))
     if args.json:
