@@ -375,10 +375,11 @@ def host_table(report: dict) -> list[dict]:
 OPTIONS = {"plain": {}, "bf16": {"amp": "bf16"}, "offload": {"fsdp_offload": True}, "checkpointing": {}}
 
 
-def _options_worker(rank: int, world: int, store: str, divisor: int, text: int, results: str) -> None:
-    """Full fine-tuning (fp32 weights) under FSDP, one option at a time: 4 training steps; the states this rank holds
-    and where, the peak RSS of the steps above the RSS before them (activations, gathered units, gradients before
-    their reduce-scatter), the mean time of steps 2-4."""
+def _options_worker(rank: int, world: int, store: str, divisor: int, text: int, option: str, results: str) -> None:
+    """Full fine-tuning (fp32 weights) under FSDP with one option (a fresh process each: no heap left by another):
+    4 training steps; the states this rank holds and where, the peak RSS of the steps above the RSS before them
+    (optimizer state created, activations, gathered units, gradients before their reduce-scatter), the mean time of
+    steps 2-4."""
     import time
 
     import torch.distributed as dist
@@ -395,7 +396,7 @@ def _options_worker(rank: int, world: int, store: str, divisor: int, text: int, 
     job = SimpleNamespace(shard_units=shard_units, train_dtype=None, interleaved=None)
     config = qwen25_vl_config(divisor=divisor)
     rows = []
-    for option, flags in OPTIONS.items():
+    for flags in [OPTIONS[option]]:
         args = SimpleNamespace(**{"amp": "none", "fsdp_offload": False, **flags}, compile=False, sharding="fsdp",
                                optim="AdamW", adam_impl="volta", lr=1e-4, weight_decay=0.01, adam_epsilon=1e-6,
                                adam_betas=[0.9, 0.999], adam_correct_bias=True)
@@ -424,17 +425,22 @@ def _options_worker(rank: int, world: int, store: str, divisor: int, text: int, 
             times.append(time.perf_counter() - start)
         rows.append({"option": option, "rank": rank, "states": held_bytes(model, optimizer)["total"],
                      "states_device": str(next(model.parameters()).device), "step_peak": rss_bytes("VmHWM") - before,
-                     "step_s": sum(times[1:]) / len(times[1:]), "loss": float(loss)})
+                     "step_s": sum(times[1:]) / len(times[1:]), "loss": float(loss.detach())})
         del model, optimizer, hf, loss
-    Path(results, f"options_rank{rank}.json").write_text(json.dumps(rows))
+    Path(results, f"options_{option}_rank{rank}.json").write_text(json.dumps(rows))
     dist.destroy_process_group()
 
 
 def measure_options(world: int, divisor: int, text: int) -> list[dict]:
     import torch.multiprocessing as mp
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_options_worker, args=(world, os.path.join(tmp, "store"), divisor, text, tmp), nprocs=world, join=True)
-        return [row for r in range(world) for row in json.loads(Path(tmp, f"options_rank{r}.json").read_text())]
+        for option in OPTIONS:
+            mp.spawn(_options_worker, args=(world, os.path.join(tmp, f"store_{option}"), divisor, text, option, tmp),
+                     nprocs=world, join=True)
+            rows += [row for r in range(world)
+                     for row in json.loads(Path(tmp, f"options_{option}_rank{r}.json").read_text())]
+    return rows
 
 
 def options_report(args) -> dict:
