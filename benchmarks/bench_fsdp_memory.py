@@ -2,8 +2,20 @@
 """Per-rank memory of parameters + gradients + optimizer state, `--sharding ddp` against `--sharding fsdp`
 (docs/hf_models.md, "Models larger than one GPU"). A benchmark, not a test: it takes minutes.
 
-    python benchmarks/bench_fsdp_memory.py                      # 2 and 4 gloo ranks on the CPU
+    python benchmarks/bench_fsdp_memory.py                      # 2 and 4 gloo ranks on the CPU, every part
     python benchmarks/bench_fsdp_memory.py --ranks 2 --json fsdp_memory.json
+    python benchmarks/bench_fsdp_memory.py --part host --ranks 2 4 --host_divisor 8 --host_layers 8
+    python benchmarks/bench_fsdp_memory.py --part options --ranks 2
+
+Three parts:
+- `host`: peak host memory (RSS) per rank and for the node (the largest sum of the ranks' simultaneous RSS,
+  sampled every 5 ms) while the model is loaded and sharded, and while a full fine-tuning's `hf_best/` is
+  written, each way: before (every rank reads the checkpoint; the whole state gathered on rank 0, then
+  save_pretrained) and now (ranks > 0 on the meta device, rank 0 sending each its rows; `hf.export.save_by_unit`),
+  for a bf16 checkpoint (in files of 2.3 decoder layers, as the published 72B's) loaded in bf16 and in fp32;
+- `options`: what bf16 mixed precision, `--fsdp_offload` and activation checkpointing save in memory and cost in
+  time (states per process, the peak RSS of a training step, the step's time);
+- `states` (below): parameters + gradients + optimizer state per rank, DDP against FSDP.
 
 Measured: Qwen2.5-VL-72B-Instruct's architecture (its published config below: GQA with 8 key/value heads, SwiGLU
 MLP 3.6 x wide, untied 152k-token embeddings and LM head, the window-attention vision tower and its merger) at
@@ -198,6 +210,261 @@ def _worker(rank: int, world: int, store: str, divisor: int, results: str) -> No
     dist.destroy_process_group()
 
 
+# --- host memory at load and at export ---------------------------------------------------------------------------
+def rss_bytes(field: str = "VmRSS") -> int:
+    """This process's resident memory (VmRSS) or its peak since the last `reset_peak` (VmHWM), in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def private_bytes() -> int:
+    """This process's RSS less its file-backed and shared pages (/proc/self/statm), in bytes."""
+    fields = Path("/proc/self/statm").read_text().split()
+    return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+
+
+def reset_peak() -> None:
+    """VmHWM back to the current RSS (Linux: `5` into /proc/self/clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def save_checkpoint(folder: str, divisor: int, layers: int, blocks: int) -> int:
+    """A bf16 safetensors checkpoint of Qwen2.5-VL-72B's architecture (`layers` decoder layers, `blocks` vision
+    blocks, widths / `divisor`, random weights) in `folder`, in files of 2.3 decoder layers each as the published
+    checkpoint's (38 files of ~4 GB, a layer being 1.75 GB); its size in bytes."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(qwen25_vl_config(layers=layers, blocks=blocks, divisor=divisor))
+    model = model.to(torch.bfloat16)
+    layer = sum(p.numel() * p.element_size() for p in model.model.language_model.layers[0].parameters())
+    model.save_pretrained(folder, max_shard_size=int(2.3 * layer))
+    return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
+
+
+def _host_worker(rank: int, world: int, store: str, folders: list[str], dtype: str, way: str, results: str) -> None:
+    """One rank: the model loaded (`every`: each rank reads the checkpoint, as before; `rank0`: the ranks but 0 on
+    the meta device, rank 0's tensors received unit by unit) and sharded by the engine, then the full fine-tuning's
+    export (`every`: the whole state gathered on rank 0, then save_pretrained; `rank0`: hf.export.save_by_unit).
+    Peak RSS of each phase above the RSS before it. `folders`: a tiny checkpoint first (a warm-up: the imports and
+    allocator pools the phases need are in the baseline), then the one measured."""
+    import time
+
+    import torch.distributed as dist
+    from transformers import AutoModelForImageTextToText
+    from volta_ml.engine import sharding
+    from volta_ml.engine.distributed import DistInfo
+    from volta_ml.hf.base import ModelSpec
+    from volta_ml.hf.export import save_by_unit
+    from volta_ml.hf.loading import load_model
+    from volta_ml.iglue_hf.finetune import shard_units
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    info = DistInfo(rank=rank, world_size=world, device=torch.device("cpu"), initialized=True)
+    args = SimpleNamespace(amp="none", fsdp_offload=False, compile=False, sharding="fsdp")
+    # trained tensors kept in the loaded dtype (no fp32 master): the figures are the load's and the export's alone
+    job = SimpleNamespace(shard_units=shard_units, train_dtype=None, interleaved=None)
+    for index, folder in enumerate(folders):
+        row = {"rank": rank, "world": world, "dtype": dtype, "way": way}
+        dist.barrier()
+        before, private0, start, began = rss_bytes(), private_bytes(), time.perf_counter(), time.time()
+        reset_peak()
+        spec = ModelSpec(model=folder, dtype=dtype, device="meta" if way == "rank0" and rank > 0 else "cpu")
+        model = Step(trainable_setup(load_model(AutoModelForImageTextToText, spec, "qwen2.5-vl"), "full"))
+        model = sharding.FullySharded(args, job, info).place(model)
+        dist.barrier()
+        row.update(load_s=time.perf_counter() - start, load_peak=rss_bytes("VmHWM") - before,
+                   after_load=rss_bytes() - before, load_window=[began, time.time()], load_baseline=before,
+                   load_private0=private0)
+        out = Path(results, f"export_{way}_{dtype}_{world}_{index}")
+        before, private0, start, began = rss_bytes(), private_bytes(), time.perf_counter(), time.time()
+        reset_peak()
+        if way == "rank0":
+            save_by_unit(model.model, out if rank == 0 else None)
+        else:
+            state = sharding.gather_full_state(model.model)
+            if rank == 0:
+                model.model.save_pretrained(out, state_dict=state)
+            del state
+        dist.barrier()
+        row.update(export_s=time.perf_counter() - start, export_peak=rss_bytes("VmHWM") - before,
+                   export_window=[began, time.time()], export_baseline=before, export_private0=private0)
+        del model
+    Path(results, f"host_{way}_{dtype}_{world}_rank{rank}.json").write_text(json.dumps(row))
+    dist.destroy_process_group()
+
+
+def measure_host(worlds: list[int], divisor: int, layers: int, blocks: int) -> dict:
+    """Per-rank peak RSS at load and at export, both ways, a bf16 checkpoint loaded in bf16 and in fp32."""
+    import shutil
+
+    import torch.multiprocessing as mp
+    # glibc returns a freed block to the system only when it was mmapped; its threshold rises (to 32 MiB) after the
+    # first such free, so this scale's tensors (a few MiB) would stay in the heap where a 72B model's (hundreds of
+    # MiB) are mmapped and returned: a fixed threshold makes the small model behave as the large one
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, tiny = os.path.join(tmp, "model"), os.path.join(tmp, "warm-up")
+        size = save_checkpoint(folder, divisor, layers, blocks)
+        save_checkpoint(tiny, 64, 2, 2)
+        rows = []
+        for world in worlds:
+            for dtype in ("bf16", "fp32"):
+                for way in ("every", "rank0"):
+                    store = os.path.join(tmp, f"store_{way}_{dtype}_{world}")
+                    context = mp.start_processes(_host_worker, args=(world, store, [tiny, folder], dtype, way, tmp),
+                                                 nprocs=world, join=False)
+                    samples = sample_rss([proc.pid for proc in context.processes], context)
+                    ranks = [json.loads(Path(tmp, f"host_{way}_{dtype}_{world}_rank{r}.json").read_text())
+                             for r in range(world)]
+                    for phase in ("load", "export"):   # the node's total: the largest sum of simultaneous RSS
+                        start = min(r[f"{phase}_window"][0] for r in ranks)
+                        end = max(r[f"{phase}_window"][1] for r in ranks)
+                        inside = [(total, private) for t, total, private in samples if start <= t <= end]
+                        node = max([total for total, _ in inside] or [0]) - sum(r[f"{phase}_baseline"] for r in ranks)
+                        private = max([p for _, p in inside] or [0]) - sum(r[f"{phase}_private0"] for r in ranks)
+                        for r in ranks:
+                            r[f"{phase}_node"], r[f"{phase}_node_private"] = node, private
+                    rows += ranks
+                    for index in (0, 1):
+                        shutil.rmtree(os.path.join(tmp, f"export_{way}_{dtype}_{world}_{index}"), ignore_errors=True)
+        return {"checkpoint_bytes": size, "rows": rows}
+
+
+def sample_rss(pids: list[int], context, every: float = 0.005) -> list[tuple[float, int, int]]:
+    """(time, sum of the processes' RSS, sum of their private RSS: RSS less file-backed and shared pages) every
+    `every` seconds until the processes of `context` have ended."""
+    import time
+    page = os.sysconf("SC_PAGE_SIZE")
+    samples = []
+    while not context.join(timeout=every):
+        total = private = 0
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/statm").read_text().split()
+                total, private = total + int(fields[1]) * page, private + (int(fields[1]) - int(fields[2])) * page
+            except (OSError, IndexError, ValueError):
+                pass
+        samples.append((time.time(), total, private))
+    return samples
+
+
+def host_table(report: dict) -> list[dict]:
+    """Per (world, dtype, way): the node's total of the per-rank load peaks against one copy of the model in the
+    loaded dtype, rank 0's export peak against it, and the times."""
+    size = report["checkpoint_bytes"]
+    table = []
+    keys = sorted({(r["world"], r["dtype"], r["way"]) for r in report["rows"]}, key=lambda k: (k[0], k[1], k[2] != "every"))
+    for world, dtype, way in keys:
+        rows = [r for r in report["rows"] if (r["world"], r["dtype"], r["way"]) == (world, dtype, way)]
+        copy = size * (2 if dtype == "fp32" else 1)
+        rank0 = next(r for r in rows if r["rank"] == 0)
+        table.append({"world": world, "dtype": dtype, "way": way, "copy": copy,
+                      "load_node": rank0["load_node"], "load_sum_of_peaks": sum(r["load_peak"] for r in rows),
+                      "load_rank0": rank0["load_peak"], "export_node": rank0["export_node"],
+                      "load_node_private": rank0["load_node_private"],
+                      "export_node_private": rank0["export_node_private"],
+                      "load_other": max((r["load_peak"] for r in rows if r["rank"]), default=0),
+                      "export_rank0": rank0["export_peak"], "load_s": max(r["load_s"] for r in rows),
+                      "export_s": max(r["export_s"] for r in rows)})
+    return table
+
+
+# --- what bf16, offload and activation checkpointing save and cost ------------------------------------------------
+OPTIONS = {"plain": {}, "bf16": {"amp": "bf16"}, "offload": {"fsdp_offload": True}, "checkpointing": {}}
+
+
+def _options_worker(rank: int, world: int, store: str, divisor: int, text: int, option: str, results: str) -> None:
+    """Full fine-tuning (fp32 weights) under FSDP with one option (a fresh process each: no heap left by another):
+    4 training steps; the states this rank holds and where, the peak RSS of the steps above the RSS before them
+    (optimizer state created, activations, gathered units, gradients before their reduce-scatter), the mean time of
+    steps 2-4."""
+    import time
+
+    import torch.distributed as dist
+    from transformers import Qwen2_5_VLForConditionalGeneration
+    from volta_ml.engine import sharding
+    from volta_ml.engine.distributed import DistInfo
+    from volta_ml.engine.optim import build_optimizer
+    from volta_ml.engine.train_support import Precision
+    from volta_ml.iglue_hf.contrastive import checkpoint_activations
+    from volta_ml.iglue_hf.finetune import shard_units
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    info = DistInfo(rank=rank, world_size=world, device=torch.device("cpu"), initialized=True)
+    job = SimpleNamespace(shard_units=shard_units, train_dtype=None, interleaved=None)
+    config = qwen25_vl_config(divisor=divisor)
+    rows = []
+    for flags in [OPTIONS[option]]:
+        args = SimpleNamespace(**{"amp": "none", "fsdp_offload": False, **flags}, compile=False, sharding="fsdp",
+                               optim="AdamW", adam_impl="volta", lr=1e-4, weight_decay=0.01, adam_epsilon=1e-6,
+                               adam_betas=[0.9, 0.999], adam_correct_bias=True)
+        torch.manual_seed(0)
+        hf = trainable_setup(Qwen2_5_VLForConditionalGeneration(config), "full")
+        if option == "checkpointing":
+            checkpoint_activations(hf)
+        model = sharding.FullySharded(args, job, info).place(Step(hf.train()))
+        optimizer = build_optimizer(model, args, info.device)
+        batch = synthetic_batch(config, batch=2, text=text)
+        batch["pixel_values"] = batch["pixel_values"].float()
+        times = []
+        dist.barrier()
+        before = rss_bytes()
+        reset_peak()
+        for _ in range(4):
+            start = time.perf_counter()
+            with Precision(args.amp, info.device).autocast():
+                logits = model(batch)
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1),
+                                                     batch["input_ids"][:, 1:].flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del logits
+            times.append(time.perf_counter() - start)
+        rows.append({"option": option, "rank": rank, "states": held_bytes(model, optimizer)["total"],
+                     "states_device": str(next(model.parameters()).device), "step_peak": rss_bytes("VmHWM") - before,
+                     "step_s": sum(times[1:]) / len(times[1:]), "loss": float(loss.detach())})
+        del model, optimizer, hf, loss
+    Path(results, f"options_{option}_rank{rank}.json").write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def measure_options(world: int, divisor: int, text: int) -> list[dict]:
+    import torch.multiprocessing as mp
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for option in OPTIONS:
+            mp.spawn(_options_worker, args=(world, os.path.join(tmp, f"store_{option}"), divisor, text, option, tmp),
+                     nprocs=world, join=True)
+            rows += [row for r in range(world)
+                     for row in json.loads(Path(tmp, f"options_{option}_rank{r}.json").read_text())]
+    return rows
+
+
+def options_report(args) -> dict:
+    world = args.ranks[0]
+    print(f"Options: full fine-tuning (fp32 weights, AdamW), Qwen2.5-VL-72B architecture, 2 decoder layers + 2 vision "
+          f"blocks, widths / {args.divisor}, FSDP over {world} gloo processes, batch 2 x {args.options_text} text tokens "
+          f"+ one 56x56 image; max over ranks\n")
+    rows = measure_options(world, args.divisor, args.options_text)
+    print("| option | states per process (MiB) | held in | peak RSS of a step above before (MiB) | step s | x plain time |")
+    print("|---|---:|---|---:|---:|---:|")
+    plain = max(r["step_s"] for r in rows if r["option"] == "plain")
+    table = []
+    for option in OPTIONS:
+        mine = [r for r in rows if r["option"] == option]
+        row = {"option": option, "states": max(r["states"] for r in mine), "held_in": mine[0]["states_device"],
+               "step_peak": max(r["step_peak"] for r in mine), "step_s": max(r["step_s"] for r in mine)}
+        table.append(row)
+        place = "CPU memory" + (" (offloaded: on a GPU run, none of it on the GPU)" if option == "offload" else "")
+        print(f"| {option} | {row['states'] / 2**20:.1f} | {place} | {row['step_peak'] / 2**20:.0f} | "
+              f"{row['step_s']:.2f} | {row['step_s'] / plain:.2f} |")
+    print()
+    return {"rows": rows, "table": table}
+
+
 def measure(world: int, divisor: int) -> list[dict]:
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as tmp:
@@ -257,7 +524,50 @@ def main(argv=None) -> dict:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--divisor", type=int, default=8, help="widths divided by this for the measured step")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--part", choices=("states", "host", "options", "all"), default="all",
+                        help="states: parameters + gradients + optimizer state per rank; host: peak host memory at "
+                             "load and at export; options: what bf16, --fsdp_offload and activation checkpointing "
+                             "save and cost")
+    parser.add_argument("--options_text", type=int, default=512, help="text tokens per example for --part options")
+    parser.add_argument("--host_divisor", type=int, default=4, help="widths divided by this for --part host")
+    parser.add_argument("--host_layers", type=int, default=6, help="decoder layers for --part host")
     args = parser.parse_args(argv)
+    report = {}
+    if args.part in ("host", "all"):
+        report["host"] = host_report(args)
+    if args.part in ("options", "all"):
+        report["options"] = options_report(args)
+    if args.part in ("states", "all"):
+        report.update(states_report(args))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return report
+
+
+def host_report(args) -> dict:
+    blocks = 2
+    print(f"Host memory: Qwen2.5-VL-72B architecture, {args.host_layers} decoder layers + {blocks} vision blocks, "
+          f"widths / {args.host_divisor}, a bf16 safetensors checkpoint; per-rank peak RSS above the RSS before the "
+          f"phase (gloo, CPU); node: the largest sum of the ranks' simultaneous RSS (sampled every 5 ms) above their sum "
+          f"before the phase\n")
+    report = measure_host(args.ranks, args.host_divisor, args.host_layers, blocks)
+    print(f"checkpoint: {report['checkpoint_bytes'] / 2**20:.0f} MiB\n")
+    print("| ranks | loaded as | load | node at load (MiB) | x one copy | node private | rank 0 peak | other ranks' "
+          "peak | load s | rank 0 peak at export (MiB) | x one copy | node at export | export s |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    report["table"] = host_table(report)
+    for row in report["table"]:
+        way = "every rank reads" if row["way"] == "every" else "rank 0 reads, meta elsewhere"
+        print(f"| {row['world']} | {row['dtype']} | {way} | {row['load_node'] / 2**20:.0f} | "
+              f"{row['load_node'] / row['copy']:.2f} | {row['load_node_private'] / row['copy']:.2f} | "
+              f"{row['load_rank0'] / 2**20:.0f} | "
+              f"{row['load_other'] / 2**20:.0f} | {row['load_s']:.1f} | {row['export_rank0'] / 2**20:.0f} | "
+              f"{row['export_rank0'] / row['copy']:.2f} | {row['export_node'] / 2**20:.0f} | {row['export_s']:.1f} |")
+    print()
+    return report
+
+
+def states_report(args) -> dict:
     report = {"divisor": args.divisor, "measured": {}, "sizes": {}}
     print(f"Qwen2.5-VL-72B architecture, 2 decoder layers + 2 vision blocks, widths / {args.divisor}; per-rank bytes "
           f"of parameters + gradients + optimizer state after one training step (max over ranks)\n")
@@ -290,8 +600,6 @@ def main(argv=None) -> dict:
             report["sizes"][f"{size}/{mode}"] = {"states_gib": states, "gpus": need, "per_gpu_gib": gib}
             print(f"| {size} | {mode} | " + " | ".join(f"{v:.1f}" for v in states) + f" | {need} | {gib:.1f} |")
     report["bound_met"] = ok
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
     return report
 
 

@@ -7,13 +7,18 @@ The runs are few and shared (module fixture `runs`), each process pays its start
 - one `torchrun` of 2 processes running, in turn (tests/helpers_fsdp_train.py): LoRA, full and contrastive with
   --sharding fsdp; full with --sharding ddp; the killed run resumed with --resume_file; LoRA stopped after one epoch
   (its resume state then continues on one rank, in this process); LoRA with bf16 mixed precision, CPU offload,
-  activation checkpointing and the projector trained.
+  activation checkpointing and the projector trained; LoRA with CPU offload alone, with activation checkpointing
+  alone, and 24 steps in fp32 and in bf16 mixed precision;
+- two `torchrun --nnodes 2` launchers of one process each, meeting at 127.0.0.1 (two nodes), running LoRA.
 
 Checked: 2 FSDP ranks = 1 rank = 2 DDP ranks (the DDP tests' tolerance, 1e-5, and the same validation scores), for
 LoRA, full and contrastive; a rank killed mid-step ends the job with one line; SIGKILL + resume = the uninterrupted
 run bit for bit; resuming on 1 rank a state saved by 2 = the 2-rank run; the hf_best/ exports load with plain
 transformers / peft and compute what the trained model computes (and the full export scores its validation score
-through `volta-ml iglue-hf`).
+through `volta-ml iglue-hf`); offload and activation checkpointing = the plain run bit for bit; bf16 within
+BF16_BAND of fp32's validation loss at every epoch; two nodes = one launcher of 2 processes bit for bit. Ranks > 0
+of every FSDP generative run here build the model on the meta device and receive rank 0's tensors (test_fsdp_load.py
+checks the shards bit for bit).
 """
 import json
 import re
@@ -44,6 +49,9 @@ FULL = ["--task", "xvnli", "--num_epoch", "2", "--lr", "1e-3", "--finetune", "fu
         *COMMON]
 CLIP = ["--task", "8", "--num_epoch", "2", "--lr", "3e-3", "--hf_val_gallery", "8", *COMMON]
 FSDP = ["--sharding", "fsdp"]
+# bf16 against fp32: 8 epochs of 3 optimizer steps (24), one micro-batch each
+LONG = ["--num_epoch", "8", "--batch_size", "8", "--gradient_accumulation_steps", "1"]
+BF16_BAND = 0.02     # |validation loss bf16 - fp32| at every epoch end (the loss starts near 1.1)
 RUN = {"lora": "XVNLI_qwen2-vl", "full": "XVNLI_qwen2-vl", "clip": "RetrievalFlickr30k_clip"}
 
 
@@ -106,10 +114,10 @@ def runs(tmp_path_factory, inputs):
     process, and the torchrun launch, whose last run (the killed one resumed) waits for the kill."""
     d = {name: tmp_path_factory.mktemp(name) for name in
          ("lora_one", "full_one", "clip_one", "lora", "full", "clip", "lora_ddp", "full_ddp", "clip_ddp", "killed",
-          "partial", "options")}
+          "partial", "options", "offload", "checkpointing", "fp32_long", "bf16_long", "nodes")}
     killed: dict = {}
     ports = [free_port()]
-    while len(ports) < 2:
+    while len(ports) < 3:
         ports += [p for p in [free_port()] if p not in ports]
     killer = threading.Thread(target=_kill_rank_one, args=(_argv(inputs, "lora", d["killed"], *FSDP), d["killed"],
                                                            ports[0], killed))
@@ -117,6 +125,10 @@ def runs(tmp_path_factory, inputs):
     resume = str(d["killed"] / "save" / RUN["lora"] / "pytorch_ckpt_latest.tar")
     launch = [_argv(inputs, kind, d[kind], *FSDP) for kind in ("lora", "full", "clip")]
     launch += [_argv(inputs, kind, d[f"{kind}_ddp"]) for kind in ("lora", "full", "clip")]
+    launch += [_argv(inputs, "lora", d["offload"], *FSDP, "--fsdp_offload"),
+               _argv(inputs, "lora", d["checkpointing"], *FSDP, "--gradient_checkpointing"),
+               _argv(inputs, "lora", d["fp32_long"], *FSDP, *LONG),
+               _argv(inputs, "lora", d["bf16_long"], *FSDP, *LONG, "--amp", "bf16")]
     launch += [_argv(inputs, "lora", d["partial"], *FSDP, "--num_epoch", "1"),
                _argv(inputs, "lora", d["options"], *FSDP, "--amp", "bf16", "--hf_dtype", "bf16", "--fsdp_offload",
                      "--gradient_checkpointing", "--train_projector", "--part_lr", "projector=5e-3", "--num_epoch",
@@ -124,21 +136,34 @@ def runs(tmp_path_factory, inputs):
                {"argv": _argv(inputs, "lora", d["killed"], *FSDP, "--resume_file", resume),
                 "after": str(d["killed"] / "ended")}]
     (d["lora"] / "runs.json").write_text(json.dumps(launch))
-    def torchrun(port):
-        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                                 "--master_port", str(port), MULTI, str(d["lora"] / "runs.json")], cwd=d["lora"],
-                                env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (d["nodes"] / "runs.json").write_text(json.dumps([_argv(inputs, "lora", d["nodes"], *FSDP)]))
+
+    def torchrun(port, runs=d["lora"], *launch_flags):
+        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *(launch_flags or
+                                 ("--nproc_per_node", "2")), "--master_port", str(port), MULTI,
+                                 str(runs / "runs.json")], cwd=runs, env=train_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def two_nodes(port):   # two launchers of one process each, as two nodes meeting at 127.0.0.1
+        return [torchrun(port, d["nodes"], "--nnodes", "2", "--node_rank", str(rank), "--nproc_per_node", "1",
+                         "--master_addr", "127.0.0.1") for rank in (0, 1)]
     launched = torchrun(ports[1])
+    nodes = two_nodes(ports[2])
     try:
         for kind in ("lora", "full", "clip"):
             assert in_process(_argv(inputs, kind, d[f"{kind}_one"])) == 0
     finally:
         killer.join()
         _, log = launched.communicate(timeout=900)
+        node_logs = [node.communicate(timeout=900)[1] for node in nodes]
     if launched.returncode != 0 and "Address already in use" in log:   # the port was taken meanwhile: once more
         launched = torchrun(free_port())
         _, log = launched.communicate(timeout=900)
+    if any(node.returncode for node in nodes) and any("Address already in use" in text for text in node_logs):
+        nodes = two_nodes(free_port())
+        node_logs = [node.communicate(timeout=900)[1] for node in nodes]
     assert launched.returncode == 0, log[-4000:]
+    assert not any(node.returncode for node in nodes), node_logs[0][-3000:] + node_logs[1][-3000:]
     partial = d["partial"] / "save" / RUN["lora"] / "pytorch_ckpt_latest.tar"
     killed["partial_state"] = torch.load(partial, weights_only=True)      # as 2 processes left it
     assert in_process(_argv(inputs, "lora", d["partial"], *FSDP, "--resume_file", str(partial))) == 0
@@ -227,6 +252,41 @@ def test_mixed_precision_offload_checkpointing_and_a_part_learning_rate(runs):
     groups = state["sharded"]["param_groups"]    # per part and decay rule: LoRA at --lr, the projector at its own
     assert sorted({g["initial_lr"] for g in groups}) == [5e-3, 2e-2] and len(groups) == 3   # LoRA: no biases
     assert "projector lr 0.005" in log
+
+
+@pytest.mark.parametrize("option", ["offload", "checkpointing"])
+def test_offload_and_activation_checkpointing_give_the_plain_runs_weights(runs, option):
+    """--fsdp_offload (the sharded states and the optimizer step in CPU memory) and --gradient_checkpointing (each
+    unit's forward recomputed in the backward) change where and when, not what: the plain 2-process FSDP LoRA run's
+    checkpoints bit for bit, and the same validation lines."""
+    d, _, log = runs
+    for name in ("pytorch_model_0.bin", LAST["lora"]):
+        plain, other = _weights(d["lora"], "lora", name), _weights(d[option], "lora", name)
+        assert plain.keys() == other.keys() and all(torch.equal(plain[k], other[k]) for k in plain), name
+    assert _validation(d[option], "lora") == _validation(d["lora"], "lora")
+
+
+def test_bf16_mixed_precision_stays_within_a_band_of_fp32(runs):
+    """--amp bf16 under FSDP (units gathered and computed in bf16, gradients reduced in fp32, fp32 master weights)
+    against fp32, 24 optimizer steps: every epoch's validation loss within BF16_BAND of fp32's, both falling."""
+    d, _, _ = runs
+    fp32, bf16 = _validation(d["fp32_long"], "lora"), _validation(d["bf16_long"], "lora")
+    assert len(fp32) == len(bf16) == 8
+    assert max(abs(a - b) for (a, _), (b, _) in zip(fp32, bf16)) <= BF16_BAND, (fp32, bf16)
+    assert fp32[-1][0] < fp32[0][0] - 0.05 and bf16[-1][0] < bf16[0][0] - 0.05, (fp32, bf16)
+    last = "pytorch_model_7.bin"
+    assert _worst(_weights(d["fp32_long"], "lora", last), _weights(d["bf16_long"], "lora", last)) > 0   # bf16 ran
+
+
+def test_two_launchers_as_two_nodes_equal_one_launcher_of_two_processes(runs):
+    """torchrun --nnodes 2 --node_rank 0|1 --nproc_per_node 1 on 127.0.0.1 (two nodes of one process) trains what
+    one torchrun of 2 processes trains, bit for bit."""
+    d, _, _ = runs
+    one, two = _weights(d["lora"], "lora", LAST["lora"]), _weights(d["nodes"], "lora", LAST["lora"])
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+    assert _validation(d["nodes"], "lora") == _validation(d["lora"], "lora")
+    state = torch.load(d["nodes"] / "save" / RUN["lora"] / "pytorch_ckpt_latest.tar", weights_only=True)
+    assert state["sharded"]["processes"] == 2
 
 
 # --- the exports, read by plain transformers / peft -----------------------------------------------------------

@@ -307,3 +307,48 @@ def test_sharded_cells_launch_one_process_per_gpu(tmp_path):
         bad = _grid(tmp_path, models={"clip": {"hf": {"backend": "clip", "model": "/m/clip", "train": change}}})
         with pytest.raises(GridError, match=message):
             load_grid(bad)
+
+
+def test_a_multi_node_training_cell_runs_under_srun_with_the_first_node_as_rendezvous(tmp_path):
+    """`hf.train: {sharding: fsdp, processes: 2, nodes: 2}`: the training command is one Slurm task per GPU of 2 nodes
+    (`srun --nodes 2 --ntasks-per-node 2`); the stage's script asks Slurm for the nodes and, run as Slurm runs it
+    (a fake `srun` / `scontrol` on PATH), exports the allocation's first node and the job's port before the command."""
+    import os
+    import shutil
+    import subprocess
+
+    from volta_ml.protocols.slurm import write_slurm
+    train = {"sharding": "fsdp", "processes": 2, "nodes": 2, "batch_size": 32}
+    models = {"llava": {"hf": {"backend": "mllm", "model": "llava-hf/llava-1.5-7b-hf", "train": train}}}
+    grid = load_grid(_grid(tmp_path, models=models, tasks=["xvnli"], languages={"xvnli": ["ar"]},
+                           few_shot_languages={"xvnli": ["ar"]}))
+    cells = plan_cells(grid)
+    argv = next(c for c in cells if c.stage == "finetune").commands[0].argv
+    assert argv[:6] == ["srun", "--nodes", "2", "--ntasks-per-node", "2", "--kill-on-bad-exit=1"]
+    assert argv[6:6 + len(grid.commands["train"])] == grid.commands["train"] and _after(argv, "--sharding") == ["fsdp"]
+    few = next(c for c in cells if c.stage == "few_shot_train").commands[0].argv
+    assert few[:3] == ["srun", "--nodes", "2"]
+    with pytest.raises(GridError, match=r"slurm.stages.finetune.nodes: 1, but its cells train on 2 nodes"):
+        write_slurm("t", cells, tmp_path / "bad", {}, {}, ["false"])
+    slurm = {"stages": {stage: {"nodes": 2, "ntasks_per_node": 2, "gres": "gpu:2"}
+                        for stage in ("finetune", "few_shot_train")}}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    step = bin_dir / "step"          # the in-cell steps: no cell is finished, the others succeed
+    step.write_text('#!/bin/bash\n[[ "$1" != is-done ]]\n')
+    write_slurm("t", cells, tmp_path / "slurm", slurm, {}, [str(step)])
+    script = tmp_path / "slurm" / "finetune.sbatch"
+    text = script.read_text()
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=2" in text
+    assert "MASTER_ADDR" not in (tmp_path / "slurm" / "zero_shot.sbatch").read_text()   # one-node stages unchanged
+    (bin_dir / "scontrol").write_text('#!/bin/bash\n[[ "$*" == "show hostnames gpu[07-08]" ]] && printf "gpu07\\ngpu08\\n"\n')
+    (bin_dir / "srun").write_text('#!/bin/bash\necho "srun $* MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"\n')
+    for tool in ("scontrol", "srun", "step"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": "0",
+           "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "4321"}
+    done = subprocess.run([shutil.which("bash"), str(script)], capture_output=True, text=True, env=env, timeout=60)
+    cell = next(c for c in cells if c.stage == "finetune")     # (its record step then fails: nothing was trained)
+    logged = Path(cell.commands[0].stdout).read_text().strip()
+    assert logged.startswith("srun --nodes 2 --ntasks-per-node 2 --kill-on-bad-exit=1 ")
+    assert logged.endswith(" MASTER_ADDR=gpu07 MASTER_PORT=24321")

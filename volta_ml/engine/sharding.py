@@ -71,7 +71,8 @@ def lift_scalars(model: nn.Module) -> list[str]:
     return lifted
 
 
-def _is_sharded(module: nn.Module) -> bool:
+def is_sharded(module: nn.Module) -> bool:
+    """Whether `module` holds FSDP-sharded parameters (DTensors)."""
     from torch.distributed.tensor import DTensor
     return any(isinstance(p, DTensor) for p in module.parameters())
 
@@ -79,7 +80,7 @@ def _is_sharded(module: nn.Module) -> bool:
 def gather_full_state(module: nn.Module) -> dict | None:
     """`module.state_dict()` with whole tensors on the CPU, on rank 0; None on the other ranks. For a module with
     sharded (FSDP) parameters it is collective: every rank must call it, in the same order."""
-    if not _is_sharded(module):
+    if not is_sharded(module):
         if dist.is_initialized() and dist.get_rank() != 0:
             return None
         return {key: value.detach().cpu() for key, value in module.state_dict().items()}
@@ -93,6 +94,83 @@ def gather_full_state(module: nn.Module) -> dict | None:
             if name in state:
                 state[name] = state[name].reshape(())
     return state
+
+
+def holds_meta(module: nn.Module) -> bool:
+    """Whether some parameter or buffer of `module` is on the meta device (a shape without storage)."""
+    return any(t.is_meta for t in module.parameters()) or any(t.is_meta for t in module.buffers())
+
+
+def _owned_tensors(module: nn.Module, skip: set) -> list[tuple[nn.Module, str, str, torch.Tensor]]:
+    """(owner, "_parameters" | "_buffers", key, tensor) of every parameter and buffer (persistent or not) of
+    `module`'s submodules but those whose id is in `skip`, in module order (the same order on every rank)."""
+    return [(owner, kind, key, tensor) for owner in module.modules() if id(owner) not in skip
+            for kind in ("_parameters", "_buffers") for key, tensor in getattr(owner, kind).items()
+            if tensor is not None]
+
+
+def _rows(tensor: torch.Tensor, world: int) -> list[tuple[int, int]]:
+    """(first row, rows) of each rank's shard of `tensor` along dimension 0, as FSDP2 cuts it (`torch.chunk` into
+    `world` pieces, the missing ones empty)."""
+    if tensor.dim() == 0:
+        return [(0, 0)] * world
+    size = -(-tensor.shape[0] // world)
+    return [(min(r * size, tensor.shape[0]), max(0, min(size, tensor.shape[0] - r * size))) for r in range(world)]
+
+
+def take_from_rank0(module: nn.Module, skip: set, info: DistInfo) -> None:
+    """Rank 0's parameters and buffers of `module` (but those of the submodules in `skip`) sent to the other ranks,
+    which built theirs on the meta device. Called unit by unit just before the unit is sharded, so the weights are
+    read from disk once (by rank 0). A parameter becomes, on a rank > 0, a tensor of its whole shape of which rank 0
+    sends only the rows this rank's FSDP shard holds (dimension 0, FSDP2's cut): the other rows are never written,
+    so their memory pages are never touched and the rank's resident memory grows by its shard alone (on the CPU;
+    a GPU allocates the whole unit for a moment). Buffers (persistent or not: rotary `inv_freq`) are replicated:
+    broadcast whole. A parameter keeps its `requires_grad`; a tensor held by two modules (tied weights) stays one
+    tensor. Shapes and dtypes are rank 0's; a rank whose model differs in shape stops with a RuntimeError naming
+    the tensor. Collective."""
+    owned = _owned_tensors(module, skip)
+    unique: dict[int, torch.Tensor] = {}
+    for *_, tensor in owned:
+        unique.setdefault(id(tensor), tensor)
+    specs = broadcast_object([(tuple(t.shape), t.dtype) for t in unique.values()], info)
+    if len(specs) != len(unique):
+        raise RuntimeError(f"--sharding fsdp: rank {info.rank} builds {len(unique)} tensors in a unit where rank 0 "
+                           f"has {len(specs)}")
+    device = info.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    names = {id(t): f"{type(owner).__name__}.{key}" for owner, _, key, t in owned}
+    received: dict[int, torch.Tensor] = {}
+    for (key, tensor), (shape, dtype) in zip(unique.items(), specs):
+        if tuple(tensor.shape) != shape:
+            raise RuntimeError(f"--sharding fsdp: {names[key]} has shape {tuple(tensor.shape)} on rank {info.rank}, "
+                               f"{shape} on rank 0")
+        parameter = isinstance(tensor, nn.Parameter)
+        rows = _rows(tensor, info.world_size)
+        if info.is_main:
+            sent = tensor.detach().to(device).contiguous()
+            if not parameter or sent.dim() == 0:
+                dist.broadcast(sent, src=0)
+                continue
+            pending = [dist.isend(sent.narrow(0, first, count), dst=rank)
+                       for rank, (first, count) in enumerate(rows) if rank and count]
+            for work in pending:
+                work.wait()
+            continue
+        value = torch.empty(shape, dtype=dtype, device=device)
+        if not parameter or value.dim() == 0:
+            dist.broadcast(value, src=0)
+        elif rows[info.rank][1]:
+            dist.recv(value.narrow(0, *rows[info.rank]), src=0)
+        received[key] = nn.Parameter(value, requires_grad=tensor.requires_grad) if parameter else value
+    for owner, kind, key, tensor in owned if received else ():
+        getattr(owner, kind)[key] = received[id(tensor)]
+
+
+def sync_rng_from_rank0(info: DistInfo) -> None:
+    """torch's CPU random state of rank 0 on every rank: building a model on the meta device draws no random
+    numbers where rank 0's load does (a new LoRA's initialisation), so the ranks would leave the build in
+    different states, where a run built as before leaves them all alike."""
+    state = broadcast_object(torch.get_rng_state(), info)
+    torch.set_rng_state(state)
 
 
 class Replicated:
@@ -207,9 +285,17 @@ class FullySharded(Replicated):
         if not units:
             raise UsageError("--sharding fsdp: the model has no blocks to shard (no decoder layers or vision blocks "
                              "found)")
+        receive = any(gather_objects(holds_meta(model), self.info))
+        if receive and holds_meta(model) and self.info.is_main:
+            raise RuntimeError("--sharding fsdp: rank 0 holds no weights (a model built on the meta device)")
         for unit in units:
+            if receive:
+                take_from_rank0(unit, (), self.info)
             cast_trainable(unit, self.job.train_dtype)
             fully_shard(unit, mesh=mesh, **kwargs)
+        if receive:    # the root: what no unit holds
+            take_from_rank0(model, {id(m) for unit in units for m in unit.modules()}, self.info)
+            sync_rng_from_rank0(self.info)
         cast_trainable(model, self.job.train_dtype)
         fully_shard(model, mesh=mesh, **kwargs)
         self.units = len(units)

@@ -55,7 +55,7 @@ class ModelSpec:
     model: str                      # hub id ("llava-hf/llava-1.5-7b-hf") or a local folder
     revision: str | None = None     # pinned commit; written into every result file
     dtype: str = "fp32"             # "bf16" | "fp16" | "fp32"
-    device: str = "cpu"             # "cpu", "cuda", "cuda:1"; ignored when device_map is set
+    device: str = "cpu"             # "cpu", "cuda", "cuda:1"; ignored when device_map is set; "meta": no weights (FSDP ranks > 0)
     device_map: str | None = None   # "auto": accelerate spreads a model larger than one GPU
     extra: dict = field(default_factory=dict)  # backend-specific options (e.g. M-CLIP's image tower)
     allow_missing_keys: bool = False  # load weights that miss / add tensors (recorded; otherwise refused)

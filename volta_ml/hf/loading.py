@@ -203,10 +203,32 @@ def _pickle_names(src: str) -> str:
     return ", ".join(names) or "its pytorch_model*.bin"
 
 
+def meta_model(auto_cls, spec: ModelSpec, src: str, what: str):
+    """`spec.device == "meta"`: the model built from its config.json on the meta device (shapes and dtypes, no
+    storage; no weights file is read), with the folder's generation config. What `--sharding fsdp` builds on the
+    ranks other than 0, which receive rank 0's tensors unit by unit as they are sharded (`engine/sharding.py`)."""
+    from transformers import AutoConfig, GenerationConfig
+    try:
+        config = AutoConfig.from_pretrained(src, revision=spec.revision)
+        with torch.device("meta"):
+            model = auto_cls.from_config(config, dtype=torch_dtype(spec))
+    except (ValueError, KeyError) as e:
+        raise ModelLoadError(f"{spec.model}: unknown or unsupported architecture for {what} ({one_line(e)})") from None
+    except OSError as e:
+        raise ModelLoadError(f"{spec.model}: cannot load {what} ({one_line(e)})") from None
+    with contextlib.suppress(OSError, ValueError):
+        model.generation_config = GenerationConfig.from_pretrained(src, revision=spec.revision)
+    model.volta_loading_report = {}
+    return model.eval()
+
+
 def load_model(auto_cls, spec: ModelSpec, what: str, **kwargs):
     """`auto_cls.from_pretrained` with the spec's revision, dtype and device / device_map; eval mode. The loading
-    report is checked (`check_weights`) and kept on the model as `volta_loading_report`."""
+    report is checked (`check_weights`) and kept on the model as `volta_loading_report`. Device "meta": the model
+    without its weights (`meta_model`)."""
     src = source(spec)
+    if spec.device == "meta" and not spec.device_map:
+        return meta_model(auto_cls, spec, src, what)
     # mismatched shapes: into the report (check_weights names the tensor and both shapes) instead of transformers'
     # RuntimeError that names none
     kwargs = dict(revision=spec.revision, dtype=torch_dtype(spec), output_loading_info=True,

@@ -193,7 +193,10 @@ class GenerativeBackend:
         # the open rule continues each prompt from its KV cache repeated K times, until a cache that cannot be
         # repeated (hybrid / linear-attention layers' recurrent states) turns this off: K full forwards instead
         self.cache_reuse = True
-        self._check_forward()
+        if self.device.type == "meta":   # built without weights (FSDP ranks > 0, `loading.meta_model`): inputs are
+            self.device = torch.device("cpu")   # built on the CPU; the forward is checked where the weights are
+        else:
+            self._check_forward()
 
     # ---- hooks: what the layout / LM kind changes ------------------------------------------------------------
     vqa_frame: str | None = None     # the short-answer VQA frame of the family's paper (BLIP family)

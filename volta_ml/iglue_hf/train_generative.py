@@ -39,6 +39,7 @@ import logging
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
@@ -46,7 +47,7 @@ from torch.utils.data import Dataset
 from volta_ml.engine.distributed import DistInfo, barrier
 from volta_ml.engine.evaluate import MeanLoss
 from volta_ml.engine.failures import UsageError
-from volta_ml.engine.sharding import gather_full_state
+from volta_ml.engine.sharding import gather_full_state, is_sharded
 from volta_ml.engine.task_job import resolve_hyperparameters
 from volta_ml.engine.train import TrainJob
 
@@ -238,7 +239,20 @@ def export_adapter(model: GenerativeForTraining, run_dir: Path, best) -> None:
 
 def export_model(model: GenerativeForTraining, run_dir: Path, best) -> None:
     """`<run dir>/hf_best` of a model fine-tuned in full: the whole model (save_pretrained, its frozen parts too)
-    and its processor, which plain transformers and `volta-ml iglue-hf --backend mllm --model` load."""
+    and its processor, which plain transformers and `volta-ml iglue-hf --backend mllm --model` load. Under
+    --sharding fsdp every rank takes part and rank 0 writes one FSDP unit at a time (`hf.export.save_by_unit`:
+    sharded safetensors and their index), never holding the whole model."""
+    from volta_ml.hf import export
+    if is_sharded(model.hf):
+        if not dist.get_rank() == 0:
+            export.save_by_unit(model.hf, None)
+            return
+
+        def write_units(folder: Path) -> None:
+            export.save_by_unit(model.hf, folder)
+            model.backend.processor.save_pretrained(folder)
+        export_best(run_dir, write_units, best)
+        return
     state = gather_full_state(model.hf)
     if state is not None:
         def write(folder: Path) -> None:
@@ -253,6 +267,8 @@ def build_generative_job(args, info: DistInfo) -> TrainJob:
     from volta_ml.hf.generative import generative_backend
 
     spec = dataclasses.replace(model_spec(args), dtype=args.hf_dtype)   # frozen weights; LoRA tensors stay fp32
+    if getattr(args, "sharding", "ddp") == "fsdp" and info.world_size > 1 and not info.is_main:
+        spec = dataclasses.replace(spec, device="meta")   # rank 0 alone reads the weights (engine/sharding.py)
     family = lora.family(model_type(spec), spec.model)
     plan = finetune.plan(args)
     if plan.mode == "full" and args.hf_adapter:

@@ -17,7 +17,9 @@ the dev score with the zoo's selection step and evaluates it. Rows of the fine-t
 `variant: fine-tuned` (the report's `<model> (fine-tuned)` rows); a dual encoder's export is a model folder
 (`--hf_model` / `--model`), a generative model's is a peft adapter on the base model (`--hf_adapter` / `--adapter`),
 or with `train: {finetune: full}` a model folder too. `train: {sharding: fsdp, processes: 8}` trains with FSDP2
-over 8 processes of one node (`torchrun --standalone`; the Slurm stage's `gres` must give them their GPUs).
+over 8 processes of one node (`torchrun --standalone`; the Slurm stage's `gres` must give them their GPUs); with
+`nodes: 2` too, over 2 nodes of 8 processes each, launched by `srun` (one task per GPU; the stage's Slurm resources
+give `nodes: 2, ntasks_per_node: 8`, and its script sets the rendezvous on the allocation's first node, slurm.py).
 
 That command prints the zoo's score lines, so the cell's `record` step and `volta-ml report` treat the rows like
 the zoo's. Images come from the grid's top-level `images: {task: root}` (and optional `image_templates`); the
@@ -35,7 +37,7 @@ from .iglue import ADAM_FLAGS, TASKS
 HF_KEYS = {"backend", "model", "revision", "dtype", "device", "device_map", "rules", "batch_size", "flags", "extra",
            "train"}
 TRAIN_KEYS = {"lr": "--lr", "epochs": "--num_epoch", "batch_size": "--batch_size", "flags": None,
-              "finetune": "--finetune", "sharding": "--sharding", "processes": None}
+              "finetune": "--finetune", "sharding": "--sharding", "processes": None, "nodes": None}
 TRAIN_CHOICES = {"finetune": ("lora", "full"), "sharding": ("ddp", "fsdp")}
 HF_PROTOCOLS = ("zero_shot", "translate_test", "few_shot")
 EXPORT = "hf_best"                 # the folder `volta-ml train --hf_model` writes in its run directory
@@ -75,7 +77,7 @@ def _load_train(hf: dict, where: str, str_list) -> dict:
         raise GridError(f"{where}.hf.train: backend {hf['backend']!r} cannot be trained (known: "
                         f"{', '.join(BACKEND_KINDS)})")
     out = {"flags": str_list(train.get("flags") or [], f"{where}.hf.train.flags")}
-    for key in ("lr", "epochs", "batch_size", "finetune", "sharding", "processes"):
+    for key in ("lr", "epochs", "batch_size", "finetune", "sharding", "processes", "nodes"):
         if train.get(key) is not None:
             (value,) = str_list(train[key], f"{where}.hf.train.{key}")
             out[key] = value
@@ -86,6 +88,8 @@ def _load_train(hf: dict, where: str, str_list) -> dict:
         raise GridError(f"{where}.hf.train.finetune: generative models only (a dual encoder trains all its weights)")
     if "processes" in out and not (out["processes"].isdigit() and int(out["processes"]) >= 1):
         raise GridError(f"{where}.hf.train.processes: {out['processes']!r}; expected a number of processes >= 1")
+    if "nodes" in out and not (out["nodes"].isdigit() and int(out["nodes"]) >= 1):
+        raise GridError(f"{where}.hf.train.nodes: {out['nodes']!r}; expected a number of nodes >= 1")
     return out
 
 
@@ -127,8 +131,14 @@ def adapter_export(model) -> bool:
 
 def train_launch(grid, model) -> list[str]:
     """The training command: `volta-ml train`, or with `hf.train.processes` N > 1 one process per GPU of the node
-    (`torchrun --standalone --nproc_per_node N --no-python <the train command>`)."""
+    (`torchrun --standalone --nproc_per_node N --no-python <the train command>`), or with `hf.train.nodes` M > 1 one
+    Slurm task per GPU of M nodes (`srun --nodes M --ntasks-per-node N --kill-on-bad-exit=1 <the train command>`:
+    each process reads its rank from Slurm's variables, engine/distributed.py)."""
     processes = int((model.hf["train"] or {}).get("processes") or 1)
+    nodes = int((model.hf["train"] or {}).get("nodes") or 1)
+    if nodes > 1:
+        return ["srun", "--nodes", str(nodes), "--ntasks-per-node", str(processes), "--kill-on-bad-exit=1",
+                *grid.commands["train"]]
     if processes == 1:
         return list(grid.commands["train"])
     return [grid.python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),

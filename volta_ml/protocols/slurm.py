@@ -22,7 +22,8 @@ DEFAULT_RESOURCES = {"gres": "gpu:1", "cpus_per_task": 8, "mem": "32G", "time": 
 STAGE_TIME = {"finetune": "24:00:00", "translate_train": "24:00:00", "few_shot_train": "12:00:00"}
 RESOURCE_FLAGS = {"partition": "--partition", "gres": "--gres", "cpus_per_task": "--cpus-per-task",
                   "mem": "--mem", "time": "--time", "account": "--account", "qos": "--qos",
-                  "constraint": "--constraint", "nodes": "--nodes", "ntasks": "--ntasks"}
+                  "constraint": "--constraint", "nodes": "--nodes", "ntasks": "--ntasks",
+                  "ntasks_per_node": "--ntasks-per-node"}
 SLURM_KEYS = {"max_parallel", "max_array_size", "setup", "sbatch_args", "dependency", "stages", "workdir"} | set(RESOURCE_FLAGS)
 
 
@@ -47,6 +48,23 @@ def resources(slurm: dict, stage: str) -> dict:
     return res
 
 
+def srun_nodes(argv: list[str]) -> int:
+    """The nodes a cell's command asks `srun` for (`srun --nodes M ...`, hf_cells.train_launch); 1 otherwise."""
+    if not argv or argv[0] != "srun" or "--nodes" not in argv:
+        return 1
+    return int(argv[argv.index("--nodes") + 1])
+
+
+# several nodes: srun's tasks (one per GPU) meet on the allocation's first node, at a port of the job's id (the
+# engine's own default, engine/distributed.py); set here so every task of every node agrees
+MULTI_NODE = ["# several nodes: srun's tasks meet on the allocation's first node, at a port of the job's id",
+              'if [[ -z "${VOLTA_ML_DRY_RUN:-}" ]]; then',
+              '  MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)   # sed reads all: no SIGPIPE',
+              '  MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))',
+              '  export MASTER_ADDR MASTER_PORT',
+              'fi']
+
+
 def array_script(name: str, stage: str, cells: list[Cell], slurm: dict, env: dict, log_dir: Path,
                  step: list[str]) -> str:
     res = resources(slurm, stage)
@@ -54,6 +72,10 @@ def array_script(name: str, stage: str, cells: list[Cell], slurm: dict, env: dic
     if unknown:
         raise GridError(f"slurm.stages.{stage}: unknown resource(s) {sorted(unknown)}; "
                          f"known: {sorted(RESOURCE_FLAGS)}")
+    nodes = max((srun_nodes(c.argv) for cell in cells for c in cell.commands), default=1)
+    if nodes > 1 and int(res.get("nodes") or 1) < nodes:
+        raise GridError(f"slurm.stages.{stage}.nodes: {res.get('nodes') or 1}, but its cells train on {nodes} nodes "
+                         f"(hf.train.nodes); give the stage nodes: {nodes} and ntasks_per_node (the GPUs of a node)")
     limit = f"%{slurm['max_parallel']}" if slurm.get("max_parallel") else ""
     first = min(len(cells), max_array_size(slurm))
     lines = ["#!/bin/bash", f"#SBATCH --job-name={name}-{stage}", f"#SBATCH --array=0-{first - 1}{limit}",
@@ -73,6 +95,8 @@ def array_script(name: str, stage: str, cells: list[Cell], slurm: dict, env: dic
         lines += ['if [[ -z "${VOLTA_ML_DRY_RUN:-}" ]]; then'] + [f"  {s}" for s in setup] + ["fi"]
     if slurm.get("workdir"):
         lines.append(f"cd {shlex.quote(str(slurm['workdir']))}")
+    if nodes > 1:
+        lines += MULTI_NODE
     # Slurm caps array indices (MaxArraySize, 1001 by default): submit.sh submits big stages in chunks,
     # each with VOLTA_ML_INDEX_OFFSET exported, so cell = offset + array index
     lines += ["", 'CELL_INDEX=$(( ${SLURM_ARRAY_TASK_ID:?not running as a Slurm array task} + ${VOLTA_ML_INDEX_OFFSET:-0} ))',
