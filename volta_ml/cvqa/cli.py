@@ -89,6 +89,8 @@ def register(subparsers) -> None:
     hf.add_argument("--letter_layout", "--letter-layout", dest="letter_layout", choices=sorted(LETTER_LAYOUTS),
                     default="paper", help="mllm letter/generate: paper = the options on one line (the paper's "
                     "prompt); lines = one option per line (a named variant, recorded in the results)")
+    hf.add_argument("--tensor_parallel_size", "--tensor-parallel-size", dest="tensor_parallel_size",
+                    type=int_at_least(1), default=None, help="vllm: GPUs one engine spans (recorded)")
     hf.add_argument("--chunk-size", dest="chunk_size", type=int_at_least(1), default=256,
                     help="questions per resumable chunk (a rerun into --output_dir continues)")
     hf.add_argument("--predictions", nargs="+", default=None, metavar="[CONDITION=]CSV",
@@ -206,7 +208,7 @@ def _run_backend(args) -> str | None:
     keys = ("data", "backend", "revision", "conditions", "template", "rule", "model", "model_revision",
             "image_model", "text_base", "dtype", "device", "device_map", "chunk_size", "text_only", "limit",
             "output_dir", "progress", "predictions", "max_side", "max_pixels", "allow_missing_keys", "letter_layout",
-            "letter_spellings", "adapter", "allow_adapter_base_mismatch")
+            "letter_spellings", "adapter", "allow_adapter_base_mismatch", "tensor_parallel_size")
     thinking = None if args.enable_thinking is None else args.enable_thinking == "true"
     return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8,
                         "enable_thinking": thinking})
