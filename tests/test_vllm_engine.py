@@ -214,3 +214,4 @@ def test_tensor_parallel_larger_than_gpus_exits_2_fast(engines, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("volta-ml cvqa: error: --tensor_parallel_size 2: 0 GPU(s) visible"), last
+
