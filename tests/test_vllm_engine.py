@@ -98,7 +98,8 @@ def test_engine_record(engines):
     record = engines["vllm"].engine
     import vllm
     assert record == {"engine": "vllm", "version": vllm.__version__,
-                      "options": {"tensor_parallel_size": 1, "gpu_memory_utilization": None, **ENGINE}}
+                      "options": {"tensor_parallel_size": 1, "gpu_memory_utilization": None, "load_format": None,
+                                  **ENGINE}}
 
 
 # --- the pipelines ------------------------------------------------------------------------------------------

@@ -152,6 +152,7 @@ EXTRA_OPTIONS = {
     "max_model_len": ("an integer >= 1 (vLLM: the context length it reserves for)", _count),
     "max_num_seqs": ("an integer >= 1 (vLLM: sequences per engine step)", _count),
     "enforce_eager": ("true or false (vLLM: no CUDA graphs / compilation)", lambda v: isinstance(v, bool)),
+    "load_format": ("a vLLM load format, e.g. \"dummy\" (random weights: benchmarks)", _text),
 }
 
 

@@ -40,7 +40,7 @@ from .mllm import GenerativeBackend, is_encoder_decoder
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # the engine options (ModelSpec.extra keys, typed in hf/base.EXTRA_OPTIONS) and their defaults here
 VLLM_OPTIONS = {"tensor_parallel_size": 1, "gpu_memory_utilization": None, "max_model_len": None,
-                "max_num_seqs": None, "enforce_eager": None}
+                "max_num_seqs": None, "enforce_eager": None, "load_format": None}
 
 
 def import_vllm():
