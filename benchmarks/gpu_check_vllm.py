@@ -61,12 +61,13 @@ def check_cvqa_vllm(ctx) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if ctx.quick:
             from helpers_vllm import build_llava_vllm
-            folder, dtype, extra = build_llava_vllm(Path(tmp) / "llava"), "fp32", {"enforce_eager": True}
+            folder, dtype = build_llava_vllm(Path(tmp) / "llava"), "fp32"
+            extra = {"enforce_eager": True, "max_model_len": 512}          # its context: 512 positions
         else:
-            folder, dtype, extra = real_shape_folder(Path(tmp) / "llava-7b-shape"), "bf16", {"load_format": "dummy"}
+            folder, dtype = real_shape_folder(Path(tmp) / "llava-7b-shape"), "bf16"
+            extra = {"load_format": "dummy", "max_model_len": 1024}        # 576 image tokens + the prompt
         start = time.perf_counter()
-        backend = load_backend("vllm", ModelSpec(str(folder), dtype=dtype, device=ctx.device,
-                                                 extra={"max_model_len": 1024, **extra}))
+        backend = load_backend("vllm", ModelSpec(str(folder), dtype=dtype, device=ctx.device, extra=extra))
         load_s = time.perf_counter() - start
         items = photos(questions, size=64 if ctx.quick else 400)
         for workload, item in ITEMS.items():

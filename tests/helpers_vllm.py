@@ -53,3 +53,25 @@ def build_llava_vllm(out: Path) -> Path:
                if "vision_tower." in k and "vision_tower.vision_model." not in k else k: v for k, v in tensors.items()}
     save_file(renamed, weights, metadata={"format": "pt"})
     return out
+
+
+def build_lora(model: Path, out: Path, rank: int = 8) -> Path:
+    """A LoRA adapter (peft `save_pretrained`) of the language model's q/v projections of the model in `model`,
+    with random non-zero A and B (an adapter that changes the scores), recording `model` as its base."""
+    out = Path(out)
+    if (out / "adapter_config.json").exists():
+        return out
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlavaForConditionalGeneration
+
+    base = LlavaForConditionalGeneration.from_pretrained(model, dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=r".*language_model.*\.(q_proj|v_proj)",
+                        init_lora_weights=False)
+    torch.manual_seed(6)
+    peft_model = get_peft_model(base, config)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0.0, INIT)
+    peft_model.save_pretrained(out)
+    return out

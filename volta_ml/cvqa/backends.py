@@ -300,8 +300,8 @@ def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> 
         if backend not in GENERATIVE:
             raise UsageError(f"--enable_thinking: only the mllm / vllm backends have a chat template (got --backend {backend})")
         extra["enable_thinking"] = args["enable_thinking"]
-    if args.get("adapter") and backend != "mllm":
-        raise UsageError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {backend})")
+    if args.get("adapter") and backend not in GENERATIVE:
+        raise UsageError(f"--adapter: only the mllm and vllm backends apply a LoRA adapter (got --backend {backend})")
     if args.get("allow_adapter_base_mismatch") and not args.get("adapter"):
         raise UsageError("--allow-adapter-base-mismatch: no --adapter to apply")
     spec = ModelSpec(model=args["model"], revision=args["model_revision"], dtype=args["dtype"], device=device,

@@ -21,7 +21,8 @@ Scoring (greedy, temperature 0):
 Engine options are `ModelSpec.extra` rows of `hf/base.EXTRA_OPTIONS` (`VLLM_OPTIONS`); they, the engine and its
 version are `self.engine`, which the pipelines record in every result and put in the resume key. Refused with one
 line: vLLM not installed, a model type vLLM does not serve, a family outside the image-token layout, a
-`tensor_parallel_size` larger than the GPUs visible, `device_map`, a LoRA adapter.
+`tensor_parallel_size` larger than the GPUs visible, `device_map`, an adapter vLLM's LoRA cannot apply as the
+HF backend does (`_lora`); an adapter it can is one `LoRARequest` on every request, recorded in `engine`.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from typing import Sequence
 
 import torch
 
-from .base import Answer, ModelSpec
+from .base import Answer, BackendInputError, ModelSpec
 from .families import family
 from .loading import ModelLoadError, blank_image, load_processor, one_line, source
 from .mllm import GenerativeBackend, is_encoder_decoder
@@ -100,9 +101,6 @@ class VllmBackend:
         if spec.device_map:
             raise ModelLoadError(f"--device_map {spec.device_map}: the vllm backend places the model itself (use "
                                  "--tensor_parallel_size)")
-        if spec.adapter:
-            raise ModelLoadError(f"--adapter {spec.adapter}: the vllm backend does not apply adapters; score it with "
-                                 "--backend mllm")
         from transformers import AutoProcessor
         model = _meta_model(spec)
         cfg = model.config
@@ -125,14 +123,60 @@ class VllmBackend:
         elif gpus:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         self.engine = {"engine": "vllm", "version": vllm.__version__, "options": options}
+        self._cpu = vllm.platforms.current_platform.is_cpu()
         self._sampling = vllm.SamplingParams
         kwargs = {k: v for k, v in options.items() if v is not None}
+        self.lora = None
+        if spec.adapter:           # vLLM's LoRA, where its implementation of the family takes one
+            self.lora, rank = self._lora(vllm, model, [a for a in archs if a in served][0])
+            kwargs.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
+            self.engine["lora"] = {"adapter": spec.adapter, "max_lora_rank": rank,
+                                   **({"base_mismatch": self.base_mismatch} if self.base_mismatch else {})}
         try:
             self.llm = vllm.LLM(model=source(spec), revision=spec.revision, dtype=DTYPES[spec.dtype], seed=0,
                                 limit_mm_per_prompt={"image": self.max_images or 4}, **kwargs)
         except (ValueError, RuntimeError, OSError) as e:
             raise ModelLoadError(f"{spec.model}: vLLM {vllm.__version__} cannot load it ({one_line(e)})") from None
-        self._check_prompts()
+        try:            # the first request: an adapter vLLM cannot apply fails here (its modules, its shapes)
+            self._check_prompts()
+        except (ValueError, RuntimeError) as e:
+            if isinstance(e, ModelLoadError):
+                raise
+            self.close()
+            with_adapter = f" with adapter {spec.adapter}" if spec.adapter else ""
+            raise ModelLoadError(f"{spec.model}: vLLM {vllm.__version__} cannot run it{with_adapter} "
+                                 f"({one_line(e)})") from None
+
+    def _lora(self, vllm, model, arch: str):
+        """(LoRARequest, rank) of `spec.adapter`; one line where vLLM cannot apply it as volta-ml's HF backend does:
+        not a LoRA, modules it trains in full (`modules_to_save`), a family vLLM serves no LoRA for, an adapter of
+        another base model (unless `allow_adapter_base_mismatch`, as the HF backend)."""
+        from pathlib import Path
+
+        from vllm.lora.request import LoRARequest
+        from vllm.model_executor.models.interfaces import supports_lora
+
+        from .loading import _read_adapter_config, adapter_base_mismatch
+        spec, folder = self.spec, Path(self.spec.adapter).expanduser()
+        if not folder.is_dir():
+            raise ModelLoadError(f"adapter folder {spec.adapter} does not exist")
+        config = _read_adapter_config(folder, spec.adapter)
+        if config.get("peft_type") != "LORA":
+            raise ModelLoadError(f"adapter {spec.adapter}: peft_type {config.get('peft_type')!r}; vLLM applies LoRA "
+                                 "adapters only (score it with --backend mllm)")
+        if config.get("modules_to_save"):
+            raise ModelLoadError(f"adapter {spec.adapter}: it trains {', '.join(config['modules_to_save'])} in full "
+                                 "(modules_to_save), which vLLM's LoRA does not apply; score it with --backend mllm")
+        cls = vllm.ModelRegistry._try_load_model_cls(arch)
+        if cls is None or not supports_lora(cls):
+            raise ModelLoadError(f"{spec.model}: vLLM {vllm.__version__} serves no LoRA for model type "
+                                 f"{model.config.model_type!r} ({arch}); score --adapter with --backend mllm")
+        mismatch = adapter_base_mismatch(config, model, spec)
+        if mismatch and not spec.allow_adapter_base_mismatch:
+            raise ModelLoadError(f"adapter {spec.adapter} was trained on another model ({mismatch}); "
+                                 "--allow_adapter_base_mismatch applies it anyway and records that in the results")
+        self.base_mismatch = mismatch       # accepted with allow_adapter_base_mismatch: recorded in `engine`
+        return LoRARequest("adapter", 1, str(folder.resolve())), int(config.get("r") or 8)
 
     def close(self) -> None:
         """Stop the engine's processes now (they stop at exit otherwise)."""
@@ -165,7 +209,7 @@ class VllmBackend:
         return out
 
     def _run(self, requests: list[dict], params) -> list:
-        return self.llm.generate(requests, params, use_tqdm=False)
+        return self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora)
 
     def _check_prompts(self) -> None:
         """One request with a blank image: vLLM's expanded prompt must be the token ids transformers' processor
@@ -194,6 +238,10 @@ class VllmBackend:
 
     def continuation_logprobs(self, images, prompts, continuations, *, reuse_cache: bool = True):
         """`reuse_cache` is the HF backend's switch; vLLM scores each prompt + continuation in one request."""
+        if self.lora is not None and self._cpu:
+            raise BackendInputError(f"{self.spec.model}: continuation log-probabilities with an adapter fail in vLLM's "
+                                    "CPU build (its LoRA kernel with prompt_logprobs); score this rule with --backend "
+                                    "mllm")
         flat, k = self.hf._continuation_ids(images, prompts, continuations)
         conts = [t.tolist() for t in flat]
         outs = self._run(self._requests([im for im in images for _ in range(k)],

@@ -30,6 +30,7 @@ from volta_ml.atomic import atomic_write_json
 from volta_ml.digest import content_fingerprint, file_digest, stat_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
+from volta_ml.hf import GENERATIVE
 from volta_ml.hf.base import fold_engine_flags
 from volta_ml.hf.export import status as export_status
 from volta_ml.hf.loading import loading_report
@@ -91,8 +92,8 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
     if protocol not in PROTOCOLS:
         raise UsageError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
     rule = opts["rule"] or DEFAULT_RULES[task]
-    if opts["adapter"] and opts["backend"] != "mllm":
-        raise UsageError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {opts['backend']})")
+    if opts["adapter"] and opts["backend"] not in GENERATIVE:
+        raise UsageError(f"--adapter: only the mllm and vllm backends apply a LoRA adapter (got --backend {opts['backend']})")
     if opts["allow_adapter_base_mismatch"] and not opts["adapter"]:
         raise UsageError("--allow_adapter_base_mismatch: no --adapter to apply")
     annotation = annotation_path(task, lang, protocol, opts["data_root"], opts["annotations"])

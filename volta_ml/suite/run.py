@@ -31,6 +31,7 @@ from volta_ml.atomic import atomic_open, atomic_write_json
 from volta_ml.digest import file_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
+from volta_ml.hf import GENERATIVE
 from volta_ml.hf.base import fold_engine_flags
 from volta_ml.hf.loading import loading_report
 from volta_ml.hf.photos import failure_line
@@ -90,8 +91,8 @@ def run_suite(options: dict, backend=None) -> dict | None:
             raise UsageError(f"--{key} must be at least 1, got {opts[key]}")
     if opts["allow_adapter_base_mismatch"] and not opts["adapter"]:
         raise UsageError("--allow_adapter_base_mismatch: no --adapter to apply")
-    if opts["adapter"] and opts["backend"] != "mllm":
-        raise UsageError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {opts['backend']})")
+    if opts["adapter"] and opts["backend"] not in GENERATIVE:
+        raise UsageError(f"--adapter: only the mllm and vllm backends apply a LoRA adapter (got --backend {opts['backend']})")
     importing = opts["backend"] == IMPORT
     if importing and (not opts["predictions"] or row.rules[rule_name].kind != "generate"):
         raise UsageError(f"--backend {IMPORT} scores the answers of --predictions FILE with a generation rule of "
