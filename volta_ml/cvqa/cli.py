@@ -56,7 +56,7 @@ def register(subparsers) -> None:
     zoo.add_argument("--kind", choices=("pretraining", "tasks"), default="pretraining",
                      help="pretraining: the ITM head; tasks: a fine-tuned VL-logit head (--task_id)")
     zoo.add_argument("--task_id", default=None, help="the VL-logit head of a tasks checkpoint, e.g. TASK8")
-    hf = sc.add_argument_group("clip / mclip / mllm backends (Hugging Face models) and import")
+    hf = sc.add_argument_group("clip / mclip / mllm / vllm backends (Hugging Face models) and import")
     hf.add_argument("--model", help="local folder or hub id, e.g. llava-hf/llava-1.5-7b-hf")
     hf.add_argument("--model-revision", dest="model_revision", default=None,
                     help="pinned commit of --model (recorded in every result file)")
@@ -66,7 +66,7 @@ def register(subparsers) -> None:
                     help="mclip: the XLM-R config its text tower is built from (default: modelBase of the M-CLIP "
                     "config); a hub id in the local HF cache or a local folder")
     hf.add_argument("--adapter", default=None,
-                    help="mllm: a LoRA adapter folder applied on top of --model (volta-ml train's <run dir>/hf_best)")
+                    help="mllm, vllm: a LoRA adapter folder applied on top of --model (volta-ml train's <run dir>/hf_best)")
     hf.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="fp32")
     hf.add_argument("--device-map", dest="device_map", choices=("auto",), default=None,
                     help="accelerate spreads a model larger than one GPU (then --device is ignored)")

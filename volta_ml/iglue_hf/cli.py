@@ -18,7 +18,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="hub id or local folder")
     parser.add_argument("--revision", default=None, help="pinned model commit (recorded)")
     parser.add_argument("--adapter", default=None,
-                        help="mllm: a LoRA adapter folder applied on top of --model (volta-ml train's <run dir>/hf_best)")
+                        help="mllm, vllm: a LoRA adapter folder applied on top of --model (volta-ml train's <run dir>/hf_best)")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--device_map", default=None, help="'auto': accelerate spreads a large model")

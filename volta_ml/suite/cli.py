@@ -36,7 +36,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                                                             "\"prediction\": generated text}, one per item")
     parser.add_argument("--model", required=True, help="hub id or local folder")
     parser.add_argument("--revision", default=None, help="pinned model commit (recorded)")
-    parser.add_argument("--adapter", default=None, help="mllm: a LoRA adapter folder applied on top of --model")
+    parser.add_argument("--adapter", default=None, help="mllm, vllm: a LoRA adapter folder applied on top of --model")
     parser.add_argument("--rule", default=None, help="the task's scoring rule (default: the benchmark's own; "
                                                      "docs/suite.md lists every rule of every task)")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
