@@ -86,6 +86,11 @@ def test_contract_equals_hf_backend(engines):
     answers = v.generate(ims, prompts, 12)
     assert list(answers) == hf.generate(ims, prompts, 12)
     assert len({a for a in answers}) > 1 and all(isinstance(a.truncated, bool) for a in answers)
+    outs = v._run(v._requests(ims, prompts), v._sampling(max_tokens=12, temperature=0.0))
+    for im, prompt, out in zip(ims, prompts, outs):      # token for token: transformers' greedy generate
+        batch = hf._batch([im], [prompt])
+        ref = hf.model.generate(**batch, max_new_tokens=12, do_sample=False, num_beams=1, pad_token_id=hf.pad_id)
+        assert list(out.outputs[0].token_ids) == hf._generated(ref, batch)[0].tolist()
     short = v.generate(ims[:1], prompts[:1], 1)[0]
     assert short.truncated                               # stopped at max_new_tokens: finish_reason "length"
     for i in range(len(prompts)):                        # one at a time: the same numbers as the batch
