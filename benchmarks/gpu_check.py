@@ -71,6 +71,7 @@ def _short(value):
 
 def _checks():
     import gpu_check_hf as hf
+    import gpu_check_vllm as vllm_engine
     import gpu_check_zoo as zoo
     # name: (function(ctx), budget seconds on one H200, what it measures)
     return {
@@ -83,6 +84,9 @@ def _checks():
         "extraction": (zoo.check_extraction, 45, "region-feature extraction images/s per detector preset"),
         "cvqa_zoo": (zoo.check_cvqa_zoo, 30, "CVQA questions/s, model-zoo matching scorer"),
         "cvqa_hf": (hf.check_cvqa_hf, 130, "CVQA questions/s per HF backend family, real size, random weights"),
+        "cvqa_vllm": (vllm_engine.check_cvqa_vllm, 150, "CVQA letter rule and a MaXM-style 8-token generation, "
+                                                         "questions/s, --backend vllm, LLaVA-1.5-7B shapes, dummy "
+                                                         "weights, bf16"),
         "hf_train": (hf.check_hf_train, 100, "HF fine-tuning step samples/s and peak memory: LoRA LLaVA-1.5-7B, "
                                               "contrastive CLIP ViT-B/32 with and without gradient checkpointing, "
                                               "real size, random weights"),
@@ -93,8 +97,8 @@ def _checks():
     }
 
 
-CHECK_NAMES = ("device", "parity", "train_step", "pretrain", "retrieval", "extraction", "cvqa_zoo", "cvqa_hf", "hf_train",
-               "hf_fsdp", "ddp")
+CHECK_NAMES = ("device", "parity", "train_step", "pretrain", "retrieval", "extraction", "cvqa_zoo", "cvqa_hf",
+               "cvqa_vllm", "hf_train",               "hf_fsdp", "ddp")
 
 
 def run_inline(name: str, args, budget: float, rows_file: Path) -> tuple[str, str]:

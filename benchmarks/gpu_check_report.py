@@ -3,6 +3,7 @@ from __future__ import annotations
 
 STEP_RATIO_GOAL = 3.0  # bf16 step samples/s over the VOLTA-scheme fp32 step
 MFU_GOAL = 0.35  # bf16, base models, batch 64
+VLLM_QPS_GOAL = 30.0  # CVQA questions/s with --backend vllm, LLaVA-1.5-7B shapes, one H200
 
 
 def goal_results(report: dict) -> list[dict]:
@@ -17,6 +18,10 @@ def goal_results(report: dict) -> list[dict]:
         results.append(_judge(config, f"bf16 step / VOLTA-scheme fp32 step >= {STEP_RATIO_GOAL:g}x", ratio,
                               STEP_RATIO_GOAL, "x"))
         results.append(_judge(config, f"bf16 MFU >= {MFU_GOAL:.0%}", bf16.get("mfu"), MFU_GOAL, "%"))
+    for row in report.get("checks", {}).get("cvqa_vllm", {}).get("rows", []):   # --backend vllm, real shapes
+        if row.get("goal"):
+            value = None if report.get("quick") else row.get("questions_per_s")
+            results.append(_judge(row["item"], row["goal"], value, VLLM_QPS_GOAL, "q/s"))
     return results
 
 
@@ -25,7 +30,7 @@ def _judge(config, goal, value, target, unit) -> dict:
         status = "not measured"
     else:
         status = "pass" if value >= target else "FAIL"
-    shown = None if value is None else (f"{value:.2f}x" if unit == "x" else f"{value:.1%}")
+    shown = None if value is None else {"x": f"{value:.2f}x", "q/s": f"{value:.1f} q/s"}.get(unit, f"{value:.1%}")
     return {"config": config, "goal": goal, "value": value, "shown": shown, "status": status}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -15,15 +16,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpu_check  # noqa: E402
 import gpu_check_hf  # noqa: E402
 import gpu_check_report  # noqa: E402
+import gpu_check_vllm  # noqa: E402
 import gpu_check_zoo  # noqa: E402
 
 EXPECTED = {  # check -> a field every measured row of it carries
     "device": "torch", "parity": "item", "train_step": "samples_per_s", "retrieval": "pairs_per_s",
     "extraction": "images_per_s", "cvqa_zoo": "questions_per_s", "cvqa_hf": "questions_per_s", "ddp": "speedup",
+    "cvqa_vllm": "questions_per_s",
     "hf_train": "samples_per_s", "pretrain": "samples_per_s", "hf_fsdp": "states_gib"}
 
 
-@pytest.mark.parametrize("name", gpu_check.CHECK_NAMES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.vllm) if n == "cvqa_vllm" else n
+                                  for n in gpu_check.CHECK_NAMES])     # cvqa_vllm: also in CI's vLLM stage
 def test_every_check_runs_quick_on_cpu(tmp_path, name):
     report = gpu_check.main(["--quick", "--device", "cpu", "--in-process", "--only", name, "--out", str(tmp_path)])
     entry = report["checks"][name]
@@ -31,6 +35,9 @@ def test_every_check_runs_quick_on_cpu(tmp_path, name):
     if name == "parity" and gpu_check_zoo.golden_folder() is None:  # a fresh clone: nothing to compare
         assert [r["status"] for r in entry["rows"]] == ["skipped"] and "no golden fixtures" in entry["rows"][0]["reason"]
         pytest.skip(f"parity: {entry['rows'][0]['reason']}")
+    if name == "cvqa_vllm" and find_spec("vllm") is None:  # the main environment: one row saying why
+        assert [r["status"] for r in entry["rows"]] == ["skipped"] and "not installed" in entry["rows"][0]["reason"]
+        pytest.skip(f"cvqa_vllm: {entry['rows'][0]['reason']} (CI's vLLM stage, pytest -m vllm, runs it)")
     measured = [r for r in entry["rows"] if r.get("status") != "skipped"]
     assert measured and all(EXPECTED[name] in r for r in measured), entry["rows"]
     if name == "train_step":
@@ -43,6 +50,10 @@ def test_every_check_runs_quick_on_cpu(tmp_path, name):
         assert all(g["status"] in ("pass", "FAIL") and g["value"] > 0 for (_, kind), g in goals.items() if kind == "step")
     if name == "pretrain":
         assert {r["precision"] for r in measured} == {"fp32", "bf16"} and all(r["finite"] for r in measured)
+    if name == "cvqa_vllm":
+        assert [r["item"] for r in measured] == list(gpu_check_vllm.ITEMS.values())
+        assert all(r["engine"]["engine"] == "vllm" and r["questions_per_s"] > 0 for r in measured)
+        assert [g["status"] for g in report["goal_results"] if "vllm" in g["config"]] == ["not measured"]  # quick
     if name == "cvqa_hf":
         assert [r["item"] for r in measured] == list(gpu_check_hf.BACKENDS)
         assert all(r["finite"] for r in measured)
@@ -157,3 +168,20 @@ def test_quick_fixture_choice():
     # ctrl_uniter_base__A is a substring of the pretrained fixture's name: --only would run both
     assert gpu_check_zoo.quick_fixture(names[:3] + ["ctrl_lxmert__A"], kinds) == "ctrl_lxmert__A"
     assert gpu_check_zoo.quick_fixture(["hf_init__x"], kinds) is None
+
+
+def test_cvqa_vllm_real_shape_folder(tmp_path):
+    """The GPU row's model folder: LLaVA-1.5-7B's shapes (7.06 B parameters on the meta device), 576 image tokens
+    per photo through its processor, the renderer of --backend vllm built from it (no weights anywhere)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from volta_ml.hf import ModelSpec
+    from volta_ml.hf.vllm_engine import _meta_model
+
+    folder = gpu_check_vllm.real_shape_folder(tmp_path / "llava")
+    model = _meta_model(ModelSpec(str(folder)))
+    assert 7.0e9 < sum(p.numel() for p in model.parameters()) < 7.1e9
+    proc = AutoProcessor.from_pretrained(folder)
+    from PIL import Image
+    ids = proc(text=["<image>\nwhat?"], images=[Image.new("RGB", (400, 300))], return_tensors="pt")["input_ids"][0]
+    assert int((ids == model.config.image_token_index).sum()) == 576
+    assert not list(folder.glob("*.safetensors"))

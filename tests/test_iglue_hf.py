@@ -453,3 +453,42 @@ def test_cli_one_line_for_user_errors_only(monkeypatch, capsys):
         else:
             assert cli.run_command(argparse.Namespace(task="xvnli")) == code
             assert capsys.readouterr().err.strip() == f"volta-ml iglue-hf: error: {error}"
+
+
+def test_sweep_plans_vllm_models_as_generative_cells(world, tmp_path):
+    """An `hf: {backend: vllm}` model gets the generative cells (not retrieval), each a `volta-ml iglue-hf
+    --backend vllm` command carrying its engine options (docs/engines.md)."""
+    import yaml
+
+    from volta_ml.protocols.grid import load_grid
+    from volta_ml.protocols.runners import plan_cells
+
+    grid = {"name": "hf", "data_root": str(world["root"]), "output_dir": str(tmp_path / "runs"),
+            "tasks": ["xvnli", "xflickrco"], "protocols": ["zero_shot"], "languages": {"xvnli": ["ar"], "xflickrco": ["de"]},
+            "images": {t: str(world["images"] / t) for t in ("xvnli", "xflickrco")},
+            "models": {"llava-vllm": {"hf": {"backend": "vllm", "model": "/m/llava", "rules": {"xvnli": "letter"},
+                                             "extra": {"tensor_parallel_size": 2}}}}}
+    path = tmp_path / "grid.yml"
+    path.write_text(yaml.safe_dump(grid))
+    cells = {c.id: c for c in plan_cells(load_grid(path))}
+    assert sorted(cells) == ["zero_shot/llava-vllm/xvnli/ar", "zero_shot/llava-vllm/xvnli/en"]
+    argv = cells["zero_shot/llava-vllm/xvnli/ar"].commands[0].argv
+    assert argv[argv.index("--backend") + 1] == "vllm"
+    assert json.loads(argv[argv.index("--extra") + 1]) == {"tensor_parallel_size": 2}
+
+
+def test_engine_record_is_in_results_and_resume_key(world, tmp_path):
+    """A backend that carries `engine` (vllm: engine, version, options) has it recorded in the results and in the
+    chunks' content key: the same engine reuses saved chunks, another version recomputes them."""
+    def backend(version):
+        fake = FakeGenerative()
+        fake.engine = {"engine": "vllm", "version": version, "options": {"tensor_parallel_size": 1}}
+        return fake
+
+    first = run_iglue_hf(options(world, "xvnli", "ar", tmp_path, keep_chunks=True), backend=backend("1.0"))
+    assert first["engine"] == backend("1.0").engine
+    same, other = backend("1.0"), backend("1.1")
+    run_iglue_hf(options(world, "xvnli", "ar", tmp_path, keep_chunks=True), backend=same)
+    assert same.calls == 0                           # every chunk reused
+    again = run_iglue_hf(options(world, "xvnli", "ar", tmp_path, keep_chunks=True), backend=other)
+    assert other.calls > 0 and again["metrics"] == first["metrics"] and again["engine"]["version"] == "1.1"

@@ -40,6 +40,7 @@ DEFAULTS = {
     "device_map": None, "batch_size": 8, "chunk_size": 256, "text_only": True, "limit": None, "progress": True,
     "predictions": None, "max_side": None, "max_pixels": None, "allow_missing_keys": False, "letter_layout": "paper",
     "letter_spellings": "natural", "adapter": None, "enable_thinking": None, "allow_adapter_base_mismatch": False,
+    "tensor_parallel_size": None,
 }
 REQUIRED = ("data", "backend", "output_dir")
 # What a resumed run must match (anything else, e.g. batch size or device, may change); the model's and the
@@ -206,6 +207,8 @@ def resume_fingerprint(header: dict, dataset: CVQADataset, args: dict) -> dict:
         options["letter_spellings"] = header["letter_spellings"]
     if args.get("allow_adapter_base_mismatch"):
         options["allow_adapter_base_mismatch"] = True
+    if header.get("engine"):    # vllm: the engine, its version and options
+        options["engine"] = header["engine"]
     return {"format": 2, **{k: header.get(k) for k in RESUME_KEYS}, **options, "data_revision": dataset.revision,
             "questions_sha1": hashlib.sha1("\n".join(q.id for q in dataset.questions).encode()).hexdigest(),
             **{f"{key}_content": content_fingerprint(name, revision) for key, (name, revision) in models.items()

@@ -48,6 +48,7 @@ BACKENDS = {
     "mclip": "M-CLIP: XLM-R text tower + projection, with the OpenAI CLIP image tower it was trained against",
     "mllm": "a generative image-text model (docs/hf_backends.md lists the tested families): --rule letter | open | "
             "generate",
+    "vllm": "the mllm rules (same prompts) run by vLLM's offline engine (docs/engines.md); --tensor_parallel_size",
     "import": "predictions made elsewhere: --predictions CONDITION=ID,Prediction CSV",
 }
 RULES = ("letter", "open", "generate")
@@ -74,8 +75,9 @@ def _spec_header(backend) -> dict:
     from volta_ml.hf.loading import loading_report
 
     spec = backend.spec
+    engine = {"engine": backend.engine} if getattr(backend, "engine", None) else {}   # vllm: engine, version, options
     return {"model": spec.model, "model_revision": spec.revision, "dtype": spec.dtype,
-            "device_map": spec.device_map, "loading_report": loading_report(backend)}
+            "device_map": spec.device_map, "loading_report": loading_report(backend), **engine}
 
 
 class DualEncoderScorer:
@@ -118,10 +120,10 @@ class GenerativeScorer:
     and `generate` (the greedy answer parsed to an option)."""
     needs_images = True
 
-    def __init__(self, model, rule: str, layout: str = "paper"):
+    def __init__(self, model, rule: str, layout: str = "paper", backend: str = "mllm"):
         if rule not in RULES:
             raise UsageError(f"--rule {rule!r}: known rules: {', '.join(RULES)}")
-        self.model, self.rule, self.backend, self.layout = model, rule, "mllm", layout
+        self.model, self.rule, self.backend, self.layout = model, rule, backend, layout
 
     def header(self) -> dict:
         spellings = getattr(self.model, "letter_spellings", "natural")
@@ -294,10 +296,10 @@ def _dual_encoder(model, args: dict) -> CVQAScorer:
 
 
 def _generative(model, args: dict) -> CVQAScorer:
-    return GenerativeScorer(model, args["rule"], args.get("letter_layout") or "paper")
+    return GenerativeScorer(model, args["rule"], args.get("letter_layout") or "paper", args["backend"])
 
 
-BUILDERS = {"clip": _dual_encoder, "mclip": _dual_encoder, "mllm": _generative}   # volta_ml.hf kinds
+BUILDERS = {"clip": _dual_encoder, "mclip": _dual_encoder, "mllm": _generative, "vllm": _generative}   # hf kinds
 
 
 def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> CVQAScorer:
@@ -310,22 +312,22 @@ def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> 
         raise UsageError(f"unknown CVQA backend {backend!r}; supported: {', '.join(BACKENDS)}")
     if not args.get("model"):
         raise UsageError(f"--backend {backend} needs --model (a local folder or a hub id)")
-    from volta_ml.hf import load_backend
-    from volta_ml.hf.base import ModelSpec
+    from volta_ml.hf import GENERATIVE, load_backend
+    from volta_ml.hf.base import ModelSpec, fold_engine_flags
 
     extra = {key: args[key] for key in ("image_model", "text_base") if args.get(key)}
-    if backend == "mllm" and args.get("letter_spellings"):
+    if backend in GENERATIVE and args.get("letter_spellings"):
         extra["letter_spellings"] = args["letter_spellings"]
     if args.get("enable_thinking") is not None:
-        if backend != "mllm":
-            raise UsageError(f"--enable_thinking: only the mllm backend has a chat template (got --backend {backend})")
+        if backend not in GENERATIVE:
+            raise UsageError(f"--enable_thinking: only the mllm / vllm backends have a chat template (got --backend {backend})")
         extra["enable_thinking"] = args["enable_thinking"]
-    if args.get("adapter") and backend != "mllm":
-        raise UsageError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {backend})")
+    if args.get("adapter") and backend not in GENERATIVE:
+        raise UsageError(f"--adapter: only the mllm and vllm backends apply a LoRA adapter (got --backend {backend})")
     if args.get("allow_adapter_base_mismatch") and not args.get("adapter"):
         raise UsageError("--allow-adapter-base-mismatch: no --adapter to apply")
     spec = ModelSpec(model=args["model"], revision=args["model_revision"], dtype=args["dtype"], device=device,
-                     device_map=args["device_map"], extra=extra,
+                     device_map=args["device_map"], extra=fold_engine_flags(backend, extra, args) or {},
                      allow_missing_keys=bool(args.get("allow_missing_keys")), adapter=args.get("adapter"),
                      allow_adapter_base_mismatch=bool(args.get("allow_adapter_base_mismatch")))
     return BUILDERS[backend](load_backend(backend, spec), args)

@@ -56,7 +56,7 @@ def register(subparsers) -> None:
     zoo.add_argument("--kind", choices=("pretraining", "tasks"), default="pretraining",
                      help="pretraining: the ITM head; tasks: a fine-tuned VL-logit head (--task_id)")
     zoo.add_argument("--task_id", default=None, help="the VL-logit head of a tasks checkpoint, e.g. TASK8")
-    hf = sc.add_argument_group("clip / mclip / mllm backends (Hugging Face models) and import")
+    hf = sc.add_argument_group("clip / mclip / mllm / vllm backends (Hugging Face models) and import")
     hf.add_argument("--model", help="local folder or hub id, e.g. llava-hf/llava-1.5-7b-hf")
     hf.add_argument("--model-revision", dest="model_revision", default=None,
                     help="pinned commit of --model (recorded in every result file)")
@@ -66,7 +66,7 @@ def register(subparsers) -> None:
                     help="mclip: the XLM-R config its text tower is built from (default: modelBase of the M-CLIP "
                     "config); a hub id in the local HF cache or a local folder")
     hf.add_argument("--adapter", default=None,
-                    help="mllm: a LoRA adapter folder applied on top of --model (volta-ml train's <run dir>/hf_best)")
+                    help="mllm, vllm: a LoRA adapter folder applied on top of --model (volta-ml train's <run dir>/hf_best)")
     hf.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="fp32")
     hf.add_argument("--device-map", dest="device_map", choices=("auto",), default=None,
                     help="accelerate spreads a model larger than one GPU (then --device is ignored)")
@@ -89,6 +89,8 @@ def register(subparsers) -> None:
     hf.add_argument("--letter_layout", "--letter-layout", dest="letter_layout", choices=sorted(LETTER_LAYOUTS),
                     default="paper", help="mllm letter/generate: paper = the options on one line (the paper's "
                     "prompt); lines = one option per line (a named variant, recorded in the results)")
+    hf.add_argument("--tensor_parallel_size", "--tensor-parallel-size", dest="tensor_parallel_size",
+                    type=int_at_least(1), default=None, help="vllm: GPUs one engine spans (recorded)")
     hf.add_argument("--chunk-size", dest="chunk_size", type=int_at_least(1), default=256,
                     help="questions per resumable chunk (a rerun into --output_dir continues)")
     hf.add_argument("--predictions", nargs="+", default=None, metavar="[CONDITION=]CSV",
@@ -206,7 +208,7 @@ def _run_backend(args) -> str | None:
     keys = ("data", "backend", "revision", "conditions", "template", "rule", "model", "model_revision",
             "image_model", "text_base", "dtype", "device", "device_map", "chunk_size", "text_only", "limit",
             "output_dir", "progress", "predictions", "max_side", "max_pixels", "allow_missing_keys", "letter_layout",
-            "letter_spellings", "adapter", "allow_adapter_base_mismatch")
+            "letter_spellings", "adapter", "allow_adapter_base_mismatch", "tensor_parallel_size")
     thinking = None if args.enable_thinking is None else args.enable_thinking == "true"
     return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8,
                         "enable_thinking": thinking})

@@ -25,11 +25,18 @@ def _mllm(spec: ModelSpec) -> Generative:
     return generative_backend(spec)
 
 
+def _vllm(spec: ModelSpec) -> Generative:
+    from .vllm_engine import VllmBackend
+    return VllmBackend(spec)
+
+
 BACKENDS = {
     "clip": _clip,      # transformers CLIP / SigLIP / SigLIP-2 (AutoModel + AutoProcessor)
     "mclip": _mclip,    # M-CLIP text tower (multilingual-clip layout) + OpenAI CLIP image tower
     "mllm": _mllm,      # LLaVA, BLIP-2 / mBLIP, InstructBLIP, the current families of docs/hf_backends.md
+    "vllm": _vllm,      # the mllm prompts run by vLLM's offline engine (hf/vllm_engine.py, docs/engines.md)
 }
+GENERATIVE = ("mllm", "vllm")   # the generative kinds: the options of a chat template and the letter rule
 
 
 class UnknownBackendError(ValueError):
@@ -47,5 +54,5 @@ def load_backend(kind: str, spec: ModelSpec) -> DualEncoder | Generative:
     return loader(spec)
 
 
-__all__ = ["BACKENDS", "BackendInputError", "ChoiceTokenError", "DualEncoder", "Generative", "ModelLoadError", "ModelSpec",
+__all__ = ["BACKENDS", "GENERATIVE", "BackendInputError", "ChoiceTokenError", "DualEncoder", "Generative", "ModelLoadError", "ModelSpec",
            "UnknownBackendError", "load_backend"]

@@ -145,6 +145,14 @@ EXTRA_OPTIONS = {
     "letter_spellings": (" or ".join(map(repr, LETTER_SPELLINGS)), lambda v: v in LETTER_SPELLINGS),
     "enable_thinking": ("true or false", lambda v: isinstance(v, bool)),
     "chat_template": ("true or false", lambda v: isinstance(v, bool)),
+    # --backend vllm: the engine's options (hf/vllm_engine.py, VLLM_OPTIONS; recorded with every result)
+    "tensor_parallel_size": ("an integer >= 1 (GPUs one vLLM engine spans)", _count),
+    "gpu_memory_utilization": ("a number in (0, 1] (vLLM: the GPU memory fraction it takes)",
+                               lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1),
+    "max_model_len": ("an integer >= 1 (vLLM: the context length it reserves for)", _count),
+    "max_num_seqs": ("an integer >= 1 (vLLM: sequences per engine step)", _count),
+    "enforce_eager": ("true or false (vLLM: no CUDA graphs / compilation)", lambda v: isinstance(v, bool)),
+    "load_format": ("a vLLM load format, e.g. \"dummy\" (random weights: benchmarks)", _text),
 }
 
 
@@ -165,3 +173,25 @@ def backend_options(text: str) -> dict:
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return value
+
+
+# Run flags that are sugar for engine options of `EXTRA_OPTIONS` (`--tensor_parallel_size N` = extra
+# {"tensor_parallel_size": N}), with the backend kinds that read them.
+ENGINE_FLAGS = {"tensor_parallel_size": ("vllm",)}
+
+
+def fold_engine_flags(backend: str, extra: dict | None, options: dict) -> dict | None:
+    """`extra` with the engine flags set in `options` folded in; a flag the backend kind does not read is refused
+    (`BackendInputError`, one line) rather than silently ignored."""
+    out = dict(extra or {})
+    for flag, kinds in ENGINE_FLAGS.items():
+        value = options.get(flag)
+        if value is None:
+            continue
+        if backend not in kinds:
+            raise BackendInputError(f"--{flag}: only the {' / '.join(kinds)} backend reads it (got --backend {backend})")
+        out[flag] = value
+    problem = extra_option_error(out)
+    if problem:
+        raise BackendInputError(problem)
+    return out or None

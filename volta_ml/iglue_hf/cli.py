@@ -14,11 +14,11 @@ from .run import PROTOCOLS
 def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", required=True, choices=sorted(DEFAULT_TEMPLATES))
     parser.add_argument("--backend", required=True,
-                        help="backend kind, a key of volta_ml.hf.BACKENDS (clip, mclip, mllm)")
+                        help="backend kind, a key of volta_ml.hf.BACKENDS (clip, mclip, mllm, vllm)")
     parser.add_argument("--model", required=True, help="hub id or local folder")
     parser.add_argument("--revision", default=None, help="pinned model commit (recorded)")
     parser.add_argument("--adapter", default=None,
-                        help="mllm: a LoRA adapter folder applied on top of --model (volta-ml train's <run dir>/hf_best)")
+                        help="mllm, vllm: a LoRA adapter folder applied on top of --model (volta-ml train's <run dir>/hf_best)")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--device_map", default=None, help="'auto': accelerate spreads a large model")
@@ -52,6 +52,8 @@ def add_run_flags(parser: argparse.ArgumentParser, results_file: str) -> None:
     """The flags of a run of HF tasks (`volta-ml iglue-hf`, `volta-ml suite`): batches, chunks, output, resume."""
     parser.add_argument("--batch_size", type=int_at_least(1), default=8)
     parser.add_argument("--chunk_size", type=int_at_least(1), default=64, help="items per saved chunk (unit of resume/shard)")
+    parser.add_argument("--tensor_parallel_size", type=int_at_least(1), default=None,
+                        help="vllm: GPUs one engine spans (= extra tensor_parallel_size; recorded)")
     parser.add_argument("--allow_adapter_base_mismatch", action="store_true",
                         help="mllm: apply an --adapter that records another base model than --model (refused "
                              f"otherwise); the mismatch is recorded in {results_file} (loading_report)")

@@ -29,6 +29,8 @@ from volta_ml.atomic import atomic_write_json
 from volta_ml.digest import content_fingerprint, file_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
+from volta_ml.hf import GENERATIVE
+from volta_ml.hf.base import fold_engine_flags
 from volta_ml.hf.export import status as export_status
 from volta_ml.hf.loading import loading_report
 from volta_ml.hf.photos import failure_line
@@ -48,7 +50,7 @@ DEFAULTS = {"rule": None, "annotations": None, "data_root": None, "images": None
             "revision": None, "dtype": "fp32", "device": "cpu", "device_map": None, "work_dir": None,
             "no_resume": False, "keep_chunks": False, "record": True, "progress": True, "vocabulary": None,
             "local_rank": -1, "extra": None, "allow_missing_keys": False, "text_base": None, "adapter": None,
-            "allow_adapter_base_mismatch": False}
+            "allow_adapter_base_mismatch": False, "tensor_parallel_size": None}
 REQUIRED = ("task", "backend", "model", "lang", "protocol", "output_dir")
 
 
@@ -83,14 +85,15 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
     opts = complete_options("run_iglue_hf", options, DEFAULTS, REQUIRED)
     if opts["text_base"]:           # --text_base: M-CLIP's extra["text_base"]
         opts["extra"] = {**(opts["extra"] or {}), "text_base": opts["text_base"]}
+    opts["extra"] = fold_engine_flags(opts["backend"], opts["extra"], opts)   # --tensor_parallel_size
     task, lang, protocol = opts["task"], opts["lang"], opts["protocol"]
     if task not in TASKS:
         raise UsageError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
     if protocol not in PROTOCOLS:
         raise UsageError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
     rule = opts["rule"] or DEFAULT_RULES[task]
-    if opts["adapter"] and opts["backend"] != "mllm":
-        raise UsageError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {opts['backend']})")
+    if opts["adapter"] and opts["backend"] not in GENERATIVE:
+        raise UsageError(f"--adapter: only the mllm and vllm backends apply a LoRA adapter (got --backend {opts['backend']})")
     if opts["allow_adapter_base_mismatch"] and not opts["adapter"]:
         raise UsageError("--allow_adapter_base_mismatch: no --adapter to apply")
     annotation = annotation_path(task, lang, protocol, opts["data_root"], opts["annotations"])
@@ -120,6 +123,7 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         if backend is None:       # each rank on its own device (cuda:<local rank> under torchrun / srun)
             backend = load_backend(opts["backend"], opts["model"], dict(opts, device=str(info.device)))
         check_capable(task, opts["backend"], backend)
+        engine = record_engine(backend, fingerprint)
         if info.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
             if opts["no_resume"]:
@@ -145,7 +149,7 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
                      **({"allow_adapter_base_mismatch": True} if opts["allow_adapter_base_mismatch"] else {})},
             "rule": rule, "prompts_version": PROMPTS_VERSION, "annotations": annotation,
             "image_root": str(opts["images"] or source.root), "image_template": source.template, "split": split,
-            "world_size": info.world_size, "seconds": round(seconds, 3), **result,
+            "world_size": info.world_size, "seconds": round(seconds, 3), **engine, **result,
         }
         accepted = loading_report(backend)
         if accepted:      # --allow_missing_keys, --allow_adapter_base_mismatch: what was accepted at load
@@ -176,6 +180,16 @@ def finish_cell(out_dir: Path, work_dir: Path, opts: dict, record: dict) -> None
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1, sort_keys=True)
     if not opts["keep_chunks"]:
         shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def record_engine(backend, fingerprint: dict) -> dict:
+    """`{"engine": ...}`: the engine that runs the backend, its version and options (`backend.engine`: vllm), put
+    into the resume key too; empty for backends without one (so their older runs resume)."""
+    engine = getattr(backend, "engine", None)
+    if not engine:
+        return {}
+    fingerprint["engine"] = engine
+    return {"engine": engine}
 
 
 def model_contents(opts: dict) -> dict:

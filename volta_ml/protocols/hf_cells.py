@@ -51,7 +51,7 @@ def load_hf(spec: dict, where: str, str_list) -> dict:
     """The checked `hf:` block of a grid model."""
     hf = spec["hf"]
     if not isinstance(hf, dict) or not {"backend", "model"} <= set(hf):
-        raise GridError(f"{where}.hf: expected a mapping with at least 'backend' (clip, mclip, mllm) and 'model'")
+        raise GridError(f"{where}.hf: expected a mapping with at least 'backend' (clip, mclip, mllm, vllm) and 'model'")
     unknown = set(hf) - HF_KEYS
     if unknown:
         raise GridError(f"{where}.hf: unknown key(s) {sorted(unknown)}; valid keys: {sorted(HF_KEYS)}")

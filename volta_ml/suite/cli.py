@@ -34,13 +34,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                         help="image folder (MaXM / XM3600: XM3600's images; M3Exam: images-<language>/; "
                              "Kaleidoscope: final_data/ or data.zip); parquet releases carry their images")
     parser.add_argument("--subset", default=None, help="xm100: the file of XM3600 image keys to keep (one per line)")
-    parser.add_argument("--backend", required=True, help="mllm (generative tasks) | clip | mclip (xm3600_retrieval) | "
+    parser.add_argument("--backend", required=True, help="mllm | vllm (generative tasks) | clip | mclip (xm3600_retrieval) | "
                                                          "import (score --predictions with a generation rule)")
     parser.add_argument("--predictions", default=None, help="--backend import: JSON lines {\"id\": item id, "
                                                             "\"prediction\": generated text}, one per item")
     parser.add_argument("--model", required=True, help="hub id or local folder")
     parser.add_argument("--revision", default=None, help="pinned model commit (recorded)")
-    parser.add_argument("--adapter", default=None, help="mllm: a LoRA adapter folder applied on top of --model")
+    parser.add_argument("--adapter", default=None, help="mllm, vllm: a LoRA adapter folder applied on top of --model")
     parser.add_argument("--rule", default=None, help="the task's scoring rule (default: the benchmark's own; "
                                                      "docs/suite.md lists every rule of every task)")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])

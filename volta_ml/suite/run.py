@@ -32,9 +32,11 @@ from volta_ml.atomic import atomic_open, atomic_write_json
 from volta_ml.digest import file_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
+from volta_ml.hf import GENERATIVE
+from volta_ml.hf.base import fold_engine_flags
 from volta_ml.hf.loading import loading_report
 from volta_ml.hf.photos import failure_line
-from volta_ml.iglue_hf.run import finish_cell, load_backend, model_contents, _model_name
+from volta_ml.iglue_hf.run import finish_cell, load_backend, model_contents, record_engine, _model_name
 from volta_ml.iglue_hf.tasks import FAILED, BackendTaskError, backend_kind, run_retrieval, score_items
 from volta_ml.options import complete_options
 from volta_ml.protocols.suite import SUITE, language_problem
@@ -50,7 +52,7 @@ DEFAULTS = {"rule": None, "images": None, "split": None, "subset": None, "data_r
             "max_new_tokens": None, "name": None, "work_dir": None, "no_resume": False, "keep_chunks": False,
             "record": True, "progress": True, "local_rank": -1, "extra": None, "allow_missing_keys": False,
             "text_base": None, "adapter": None, "allow_adapter_base_mismatch": False, "enable_thinking": None,
-            "predictions": None}
+            "predictions": None, "tensor_parallel_size": None}
 REQUIRED = ("task", "backend", "model", "lang", "data", "output_dir")
 
 
@@ -80,7 +82,7 @@ def run_suite(options: dict, backend=None) -> dict | None:
         extra["text_base"] = opts["text_base"]
     if opts["enable_thinking"] is not None:
         extra["enable_thinking"] = opts["enable_thinking"]
-    opts["extra"] = extra or None
+    opts["extra"] = fold_engine_flags(opts["backend"], extra, opts)   # --tensor_parallel_size
     task, lang = opts["task"], opts["lang"]
     row, rule_name = check_task(task, lang, opts["rule"])
     needs = getattr(row.rules[rule_name], "tools", None)
@@ -90,8 +92,8 @@ def run_suite(options: dict, backend=None) -> dict | None:
             raise UsageError(f"--{key} must be at least 1, got {opts[key]}")
     if opts["allow_adapter_base_mismatch"] and not opts["adapter"]:
         raise UsageError("--allow_adapter_base_mismatch: no --adapter to apply")
-    if opts["adapter"] and opts["backend"] != "mllm":
-        raise UsageError(f"--adapter: only the mllm backend applies a LoRA adapter (got --backend {opts['backend']})")
+    if opts["adapter"] and opts["backend"] not in GENERATIVE:
+        raise UsageError(f"--adapter: only the mllm and vllm backends apply a LoRA adapter (got --backend {opts['backend']})")
     importing = opts["backend"] == IMPORT
     if importing and (not opts["predictions"] or row.rules[rule_name].kind != "generate"):
         raise UsageError(f"--backend {IMPORT} scores the answers of --predictions FILE with a generation rule of "
@@ -130,6 +132,7 @@ def run_suite(options: dict, backend=None) -> dict | None:
         if has != row.kind:
             raise BackendTaskError(f"backend {opts['backend']!r} ({type(backend).__name__}) is a {has or 'unknown kind of'}"
                                    f" model and cannot do {task}, which needs a {row.kind} backend")
+        engine = record_engine(backend, fingerprint)
         if info.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
             if opts["no_resume"]:
@@ -153,7 +156,7 @@ def run_suite(options: dict, backend=None) -> dict | None:
                    "rule": rule_name, "prompts_version": PROMPTS_VERSION, "data": str(root),
                    "data_files": [str(f) for f in data.files], "n_items": len(data.items), "skipped": data.skipped,
                    "world_size": info.world_size, "seconds": round(seconds, 3),
-                   "template_options": getattr(backend, "template_options", None), **contents, **result}
+                   "template_options": getattr(backend, "template_options", None), **engine, **contents, **result}
         if importing:
             results["empty_predictions"] = len(backend.empty)
         if tools:
