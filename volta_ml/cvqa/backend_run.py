@@ -26,6 +26,8 @@ from volta_ml.atomic import atomic_write_json
 from volta_ml.engine.failures import UsageError
 from volta_ml.options import complete_options
 
+from volta_ml.hf.base import keep_answers
+
 from .backends import build_scorer
 from .data import HIDDEN_LABEL, CVQADataset, load_cvqa
 from .prompts import CONDITIONS, parse_condition
@@ -38,6 +40,7 @@ DEFAULTS = {
     "device_map": None, "batch_size": 8, "chunk_size": 256, "text_only": True, "limit": None, "progress": True,
     "predictions": None, "max_side": None, "max_pixels": None, "allow_missing_keys": False, "letter_layout": "paper",
     "letter_spellings": "natural", "adapter": None, "enable_thinking": None, "allow_adapter_base_mismatch": False,
+    "extra": None,
 }
 REQUIRED = ("data", "backend", "output_dir")
 # What a resumed run must match (anything else, e.g. batch size or device, may change); the model's and the
@@ -74,6 +77,7 @@ def run_backend(args_dict: dict) -> str | None:
         header = _header(args, dataset, scorer)
         out_dir = Path(args["output_dir"])
         store = ChunkStore(out_dir / "chunks", resume_fingerprint(header, dataset, args), info, on_mismatch="refuse")
+        keep_answers(getattr(scorer, "model", None), store.folder)
         started = time.time()
         scores, failures, timing = score_passes(scorer, dataset, passes, store, info, args)
         if not info.is_main:
@@ -124,7 +128,7 @@ def score_passes(scorer, dataset: CVQADataset, passes, store, info, args: dict):
             chunk_failures.update(failed)
             for condition, blind, name in todo:
                 tic = time.perf_counter()
-                parts[name].append(scorer.score(batch, photos, condition, blind))
+                parts[name].append(_scored(scorer, batch, photos, condition, blind))
                 seconds[name] += time.perf_counter() - tic
                 computed[name] += len(batch)
                 bar.update(len(batch))
@@ -152,6 +156,19 @@ def score_passes(scorer, dataset: CVQADataset, passes, store, info, args: dict):
         timing[name] = {"seconds": round(spent, 3), "questions_scored": done,
                         "questions_per_second": round(done / spent, 2) if spent > 0 else None}
     return scores, dict(sorted(failures.items())), timing
+
+
+def _scored(scorer, batch, photos, condition: str, blind: bool) -> dict:
+    """`scorer.score`; a server's request that failed for good (`EngineError` of one item) names the question."""
+    from volta_ml.hf.base import EngineError
+
+    try:
+        return scorer.score(batch, photos, condition, blind)
+    except EngineError as err:
+        if err.item is None:
+            raise
+        raise EngineError(f"question {batch[err.item].id} ({condition}{', text-only' if blind else ''}): {err}") \
+            from None
 
 
 def photo_batches(dataset: CVQADataset, chunk, batch_size: int, need_photos: bool, args: dict):

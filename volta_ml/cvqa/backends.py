@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from volta_ml.engine.failures import UsageError
+from volta_ml.hf.base import engine_record
 
 from .data import CVQAQuestion
 from .prompts import (GENERATIVE_PROMPTS_VERSION, LETTERS, PROMPTS_VERSION, full_texts, generative_prompt,
@@ -46,6 +47,8 @@ BACKENDS = {
     "mclip": "M-CLIP: XLM-R text tower + projection, with the OpenAI CLIP image tower it was trained against",
     "mllm": "a generative image-text model (docs/hf_backends.md lists the tested families): --rule letter | open | "
             "generate",
+    "openai": "a model behind an OpenAI-compatible chat-completions server (--base_url; docs/serving.md): --rule "
+              "letter (the server's top_logprobs) | generate",
     "import": "predictions made elsewhere: --predictions CONDITION=ID,Prediction CSV",
 }
 RULES = ("letter", "open", "generate")
@@ -116,10 +119,10 @@ class GenerativeScorer:
     and `generate` (the greedy answer parsed to an option)."""
     needs_images = True
 
-    def __init__(self, model, rule: str, layout: str = "paper"):
+    def __init__(self, model, rule: str, layout: str = "paper", backend: str = "mllm"):
         if rule not in RULES:
             raise UsageError(f"--rule {rule!r}: known rules: {', '.join(RULES)}")
-        self.model, self.rule, self.backend, self.layout = model, rule, "mllm", layout
+        self.model, self.rule, self.backend, self.layout = model, rule, backend, layout
 
     def header(self) -> dict:
         spellings = getattr(self.model, "letter_spellings", "natural")
@@ -133,7 +136,8 @@ class GenerativeScorer:
         return {**_spec_header(self.model), "rule": self.rule, "template": template,
                 "letter_spellings": spellings if self.rule == "letter" else None,
                 "template_options": dict(getattr(self.model, "template_options", {})),
-                "prompts_version": GENERATIVE_PROMPTS_VERSION, "score_convention": convention}
+                "prompts_version": GENERATIVE_PROMPTS_VERSION, "score_convention": convention,
+                "engine": engine_record(self.model)}
 
     def _prompt(self, question: CVQAQuestion, condition: str) -> str:
         return generative_prompt(question, condition, self.rule, self.layout)
@@ -272,10 +276,11 @@ def _dual_encoder(model, args: dict) -> CVQAScorer:
 
 
 def _generative(model, args: dict) -> CVQAScorer:
-    return GenerativeScorer(model, args["rule"], args.get("letter_layout") or "paper")
+    return GenerativeScorer(model, args["rule"], args.get("letter_layout") or "paper", args["backend"])
 
 
-BUILDERS = {"clip": _dual_encoder, "mclip": _dual_encoder, "mllm": _generative}   # volta_ml.hf kinds
+BUILDERS = {"clip": _dual_encoder, "mclip": _dual_encoder, "mllm": _generative,    # volta_ml.hf kinds
+            "openai": _generative}
 
 
 def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> CVQAScorer:
@@ -291,8 +296,8 @@ def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> 
     from volta_ml.hf import load_backend
     from volta_ml.hf.base import ModelSpec
 
-    extra = {key: args[key] for key in ("image_model", "text_base") if args.get(key)}
-    if backend == "mllm" and args.get("letter_spellings"):
+    extra = {**(args.get("extra") or {}), **{key: args[key] for key in ("image_model", "text_base") if args.get(key)}}
+    if backend in ("mllm", "openai") and args.get("letter_spellings"):
         extra["letter_spellings"] = args["letter_spellings"]
     if args.get("enable_thinking") is not None:
         if backend != "mllm":

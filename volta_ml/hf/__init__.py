@@ -6,7 +6,7 @@ training run's `hf_best/` export older than the run's best checkpoint is said on
 """
 from __future__ import annotations
 
-from .base import BackendInputError, ChoiceTokenError, DualEncoder, Generative, ModelSpec
+from .base import BackendInputError, ChoiceTokenError, DualEncoder, EngineError, Generative, ModelSpec
 from .loading import ModelLoadError
 
 
@@ -25,10 +25,16 @@ def _mllm(spec: ModelSpec) -> Generative:
     return generative_backend(spec)
 
 
+def _openai(spec: ModelSpec) -> Generative:
+    from .openai_client import OpenAIBackend
+    return OpenAIBackend(spec)
+
+
 BACKENDS = {
     "clip": _clip,      # transformers CLIP / SigLIP / SigLIP-2 (AutoModel + AutoProcessor)
     "mclip": _mclip,    # M-CLIP text tower (multilingual-clip layout) + OpenAI CLIP image tower
     "mllm": _mllm,      # LLaVA, BLIP-2 / mBLIP, InstructBLIP, the current families of docs/hf_backends.md
+    "openai": _openai,  # an OpenAI-compatible chat-completions server (--base_url; docs/serving.md)
 }
 
 
@@ -47,5 +53,5 @@ def load_backend(kind: str, spec: ModelSpec) -> DualEncoder | Generative:
     return loader(spec)
 
 
-__all__ = ["BACKENDS", "BackendInputError", "ChoiceTokenError", "DualEncoder", "Generative", "ModelLoadError", "ModelSpec",
+__all__ = ["BACKENDS", "BackendInputError", "ChoiceTokenError", "DualEncoder", "EngineError", "Generative", "ModelLoadError", "ModelSpec",
            "UnknownBackendError", "load_backend"]

@@ -155,7 +155,8 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         finish_cell(out_dir, work_dir, opts, {
             "id": f"iglue_hf/{results['model']}/{task}/{lang}/{PROTOCOLS[protocol]}", "stage": PROTOCOLS[protocol],
             "protocol": PROTOCOLS[protocol], "model": results["model"], "task": task, "lang": lang,
-            "metrics": result["metrics"], "items": f"{split}_items.jsonl", "rule": rule})
+            "metrics": result["metrics"], "items": f"{split}_items.jsonl", "rule": rule,
+            "engine": results.get("engine", {"engine": "transformers"})["engine"]})
         return results
     finally:
         shutdown(info)
