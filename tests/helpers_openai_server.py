@@ -56,6 +56,13 @@ def _decode(url: str) -> Image.Image:
     return Image.open(io.BytesIO(base64.b64decode(data)))
 
 
+class _Quiet(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):     # a client that hung up: counted, not printed
+        pass
+
+
 class FakeServer:
     def __init__(self, models=("fake-vlm",), key: str | None = None, port: int = 0):
         self.models, self.key = list(models), key
@@ -134,9 +141,14 @@ class FakeServer:
                 if body.get("model") not in server.models:
                     self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
                     return
-                self._send(200, server.answer(body))
+                payload, item = server.answer(body)
+                try:
+                    self._send(200, payload)
+                except OSError:              # the client gave up (timeout): not delivered, not counted
+                    return
+                server.delivered(body, item)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd = _Quiet(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -167,15 +179,18 @@ class FakeServer:
             answer, finish = fake_answer(text, images, body["max_tokens"])
             choice["message"]["content"] = " " + answer
             choice["finish_reason"] = finish
+        item = (text, tuple(image_key(im) for im in images), bool(body.get("logprobs")))
+        return {"id": "cmpl-1", "object": "chat.completion", "model": body["model"] + "-served",
+                "choices": [choice]}, item
+
+    def delivered(self, body: dict, item) -> None:
         with self._lock:
             self.answered += 1
-            self.items[(text, tuple(image_key(im) for im in images), bool(body.get("logprobs")))] += 1
+            self.items[item] += 1
             self.bodies.append(body)
             stop = self.stop_after is not None and self.answered >= self.stop_after
         if stop:
             threading.Thread(target=self.stop, daemon=True).start()
-        return {"id": "cmpl-1", "object": "chat.completion", "model": body["model"] + "-served",
-                "choices": [choice]}
 
     def stop(self) -> None:
         self.httpd.shutdown()

@@ -188,6 +188,14 @@ EXTRA_OPTIONS = {
                       lambda v: isinstance(v, dict)),
 }
 SERVER_FLAGS = ("base_url", "api_key_env", "max_concurrency", "request_timeout", "retries")
+# how a server is reached, not what it answers: left out of resume keys (a server restarted elsewhere, or more
+# requests in flight, reuses what was scored)
+TRANSPORT = SERVER_FLAGS + ("retry_backoff",)
+
+
+def answer_options(extra: dict | None) -> dict:
+    """The options of `extra` that can change a score (resume keys): all but the TRANSPORT ones."""
+    return {key: value for key, value in (extra or {}).items() if key not in TRANSPORT}
 
 
 def extra_option_error(extra: dict) -> str | None:

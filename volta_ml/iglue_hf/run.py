@@ -30,6 +30,7 @@ from volta_ml.atomic import atomic_write_json
 from volta_ml.digest import content_fingerprint, file_digest, stat_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
+from volta_ml.hf.base import answer_options
 from volta_ml.hf.export import status as export_status
 from volta_ml.hf.loading import loading_report
 from volta_ml.hf.photos import failure_line
@@ -106,7 +107,7 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
                                               opts["images"]),
                    "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
                    "backend": opts["backend"], "prompts": PROMPTS_VERSION, "batch_size": opts["batch_size"],
-                   "extra": opts["extra"] or {}, "adapter": opts["adapter"], **model_contents(opts)}
+                   "extra": answer_options(opts["extra"]), "adapter": opts["adapter"], **model_contents(opts)}
     if opts["allow_adapter_base_mismatch"]:   # added later: in the key only when set, so older runs resume
         fingerprint["allow_adapter_base_mismatch"] = True
     info = init_distributed(opts["local_rank"], None if opts["device_map"] else opts["device"])

@@ -31,7 +31,7 @@ from volta_ml.atomic import atomic_open, atomic_write_json
 from volta_ml.digest import file_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
-from volta_ml.hf.base import engine_record
+from volta_ml.hf.base import answer_options, engine_record
 from volta_ml.hf.loading import loading_report
 from volta_ml.hf.photos import failure_line
 from volta_ml.iglue_hf.run import finish_cell, load_backend, model_contents, _model_name
@@ -108,7 +108,7 @@ def run_suite(options: dict, backend=None) -> dict | None:
                    "data": [file_digest(str(f)) for f in data.files], "n_items": len(data.items),
                    **(data.store.digest(image_keys) if data.store is not None else {}),
                    "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
-                   "backend": opts["backend"], "extra": opts["extra"] or {}, "adapter": opts["adapter"],
+                   "backend": opts["backend"], "extra": answer_options(opts["extra"]), "adapter": opts["adapter"],
                    "batch_size": opts["batch_size"], "max_new_tokens": max_new_tokens}
     contents = {}
     if importing:
