@@ -245,3 +245,32 @@ def test_a_torn_journal_line_is_asked_again(server, tmp_path):
     assert server.answered == 3 and again.asked == 2          # GET /models and the torn one
     with pytest.raises(EngineError, match="cannot score continuations"):
         again.continuation_logprobs([[None]], ["one"], [[" yes"]])
+
+
+def test_cvqa_letter_rule_through_the_server(server, tmp_path, capsys):
+    """`cvqa score --backend openai`: the letter scores are the server's log-probabilities of each photo's
+    request, one question at a time; the engine is recorded; the open rule is refused in one line."""
+    from helpers_cvqa import image_png, write_release
+    from volta_ml.cvqa.data import load_cvqa
+    from volta_ml.cvqa.prompts import LETTERS, generative_prompt
+
+    release = write_release(tmp_path / "release", "latest")
+    out = tmp_path / "out"
+    common = ["cvqa", "score", "--data", str(release), "--device", "cpu", "--no-progress", "--backend", "openai",
+              "--model", "fake-vlm", "--base_url", server.base_url, "--api_key_env", KEY_ENV, "--conditions",
+              "loc-aware", "--batch-size", "4"]
+    assert main(common + ["--output_dir", str(out), "--rule", "letter"]) == 0
+    results = json.loads((out / "cvqa_results.json").read_text())
+    assert results["backend"] == "openai" and results["engine"]["model_reported"] == ["fake-vlm-served"]
+    chunks = sorted((out / "chunks" / "loc-aware").glob("*.npz"))
+    got = np.concatenate([np.load(p)["score"] for p in chunks])
+    for k, q in enumerate(load_cvqa(release).questions):
+        image = Image.open(__import__("io").BytesIO(image_png(q.image_id)))
+        want = [letter_logprob(generative_prompt(q, "loc-aware", "letter"), [image], l) for l in LETTERS]
+        np.testing.assert_allclose(got[k], want, rtol=1e-6)
+    assert (out / "chunks" / "answers.jsonl").is_file()
+    first = capsys.readouterr()
+    assert main(common + ["--output_dir", str(tmp_path / "open"), "--rule", "open"]) == 2
+    captured = capsys.readouterr()
+    assert "cannot score continuations" in one_line(captured.err)
+    assert_no_key(first.out, first.err, captured.out, captured.err, folder=tmp_path)

@@ -238,7 +238,8 @@ def _header(args: dict, dataset: CVQADataset, scorer) -> dict:
 
 def _write_results(args, dataset, scorer, header, scores, failures, timing, out_dir: Path) -> str:
     questions = dataset.questions
-    results = {**header, "shards": [s.name for s in dataset.shards], "questions": len(questions),
+    engine = {"engine": scorer.header()["engine"]} if "engine" in header else {}   # as it stands after the run
+    results = {**header, **engine, "shards": [s.name for s in dataset.shards], "questions": len(questions),
                "labelled": sum(q.label != HIDDEN_LABEL for q in questions), "hidden_labels": dataset.hidden_labels,
                "images": len(dataset.image_ids), "missing_images": list(failures), "failed_images": failures,
                "settings": {k: args[k] for k in ("batch_size", "limit", "text_only", "device", "conditions")},

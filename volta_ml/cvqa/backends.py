@@ -132,6 +132,7 @@ class GenerativeScorer:
             "open": "total log-probability of the option text (variant length_normalised: per token)",
             "generate": f"greedy answer ({GENERATE_TOKENS} tokens) parsed to a letter or an option text (one-hot; "
                         "parse_failed marks the unparsed)"}[self.rule]
+        convention = getattr(self.model, "score_conventions", {}).get(self.rule, convention)   # a server's own
         template = self.rule if self.layout == "paper" or self.rule == "open" else f"{self.rule}-{self.layout}"
         return {**_spec_header(self.model), "rule": self.rule, "template": template,
                 "letter_spellings": spellings if self.rule == "letter" else None,

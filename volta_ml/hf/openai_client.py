@@ -138,6 +138,8 @@ class OpenAIBackend:
         self.prompt_format = "server: the server's own chat template renders the prompt"
         self.template_options: dict = {}
         self.vqa_frame = None
+        self.score_conventions = {"letter": "log-probability of the letter in the server's top_logprobs of the first "
+                                            f"answer token ({self.letter_spellings} spelling)"}
         self._check_server()
 
     # ---- the record ------------------------------------------------------------------------------------------
