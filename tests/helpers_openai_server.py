@@ -3,7 +3,9 @@ fake model and switchable faults, and it counts what it is asked.
 
 The fake model reads the user turn's text and the pixels of its images (the PNG data URLs decoded), so a test
 computes every answer one item at a time from the photo it gave (`letter_logprob`, `fake_answer`), never through
-the client's code. `/v1/models` lists `models`; with `key` set every request needs `Authorization: Bearer <key>`.
+the client's code. `/v1/models` lists `models`; with `key` set every request needs `Authorization: Bearer <key>`;
+`/health` answers 200. `python tests/helpers_openai_server.py --port P --served-model-name NAME` runs it alone
+(the stand-in for `vllm serve` in the sweep's serving tests).
 
 Faults: `faults` is a list consumed one per chat request, each one of `429`, `500`, `slow` (answers after
 `slow_seconds`), `drop` (closes the connection without an answer), `bad_json`; `hang_after` (answer that many
@@ -107,6 +109,9 @@ class FakeServer:
                 return False
 
             def do_GET(self):
+                if self.path == "/health":
+                    self._send(200, {})
+                    return
                 if not self._authorised():
                     return
                 if self.path.rstrip("/") == "/v1/models":
@@ -200,3 +205,13 @@ class FakeServer:
         """The same server (counts kept) listening again on the same port."""
         self.stop_after = None
         self._start(self.port)
+
+
+if __name__ == "__main__":      # as a server command: `... --served-model-name NAME --port P` (other flags ignored)
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--served-model-name", default="fake-vlm")
+    parser.add_argument("--port", type=int, required=True)
+    known, _ = parser.parse_known_args()
+    FakeServer(models=[known.served_model_name], port=known.port).thread.join()
