@@ -27,9 +27,14 @@ FAKE_SERVER = [sys.executable, str(REPO / "tests" / "helpers_openai_server.py")]
 def test_example_grid_plans_each_engine(tmp_path):
     grid = load_grid(REPO / "examples/grids/served_engines.yml")
     cells = plan_cells(grid)
-    engines = {c.model: c.extra["engine"] for c in cells}
-    assert engines == {"llava-1.5-7b": "transformers", "llava-1.5-7b-vllm": "openai/vllm-serve",
-                       "hosted-vlm": "openai"}
+    engines = {(c.stage == "suite", c.model): c.extra["engine"] for c in cells}
+    assert engines == {(False, "llava-1.5-7b"): "transformers", (False, "llava-1.5-7b-vllm"): "openai/vllm-serve",
+                       (False, "hosted-vlm"): "openai", (True, "hosted-vlm"): "openai",
+                       (True, "qwen2-vl-7b-vllm"): "openai/vllm-serve"}
+    suite = next(c for c in cells if c.model == "qwen2-vl-7b-vllm").commands[0].argv
+    assert suite[1:3] == ["-m", "volta_ml.protocols.serving"] and "suite" in suite[suite.index("--") + 1:]
+    api = next(c for c in cells if c.stage == "suite" and c.model == "hosted-vlm").commands[0].argv
+    assert api[api.index("--base_url") + 1] == "https://api.example.org/v1" and "--" not in api
     served = next(c for c in cells if c.model == "llava-1.5-7b-vllm" and c.task == "xvnli")
     run = served.commands[-2].argv
     assert run[1:4] == ["-m", "volta_ml.protocols.serving", "--spec"]
@@ -45,7 +50,8 @@ def test_example_grid_plans_each_engine(tmp_path):
     submit = write_slurm(grid.name, cells, tmp_path / "slurm", grid.slurm, grid.env, grid.step())
     text = (submit.parent / "zero_shot.sbatch").read_text()
     assert "#SBATCH --gres=gpu:2" in text and "volta_ml.protocols.serving" in text
-    assert subprocess.run(["/bin/bash", "-n", str(submit.parent / "zero_shot.sbatch")]).returncode == 0
+    for stage in ("zero_shot", "suite"):
+        assert subprocess.run(["/bin/bash", "-n", str(submit.parent / f"{stage}.sbatch")]).returncode == 0
 
 
 @pytest.mark.parametrize("hf,message", [
