@@ -94,7 +94,7 @@ def test_a_cell_starts_its_server_runs_against_it_and_stops_it(task, tmp_path, m
     assert proc.returncode == 0, proc.stderr
     assert predictions(tmp_path / "eval") == expected_predictions(task, "letter")
     results = json.loads((tmp_path / "eval" / "iglue_hf_results.json").read_text())
-    port = int(results["engine"]["base_url"].rsplit(":", 1)[1].split("/")[0])
+    port = int(results["engine"]["server"]["base_url"].rsplit(":", 1)[1].split("/")[0])
     assert _port_closed(port)                       # the server was stopped
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert serving.server_argv(spec, 8000)[len(FAKE_SERVER):] == [

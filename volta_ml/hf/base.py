@@ -137,9 +137,12 @@ class EngineError(ValueError):
 
 
 def engine_record(backend) -> dict:
-    """What ran the model, for every result file: a server backend's own record (`engine`, the server, the model
-    it reported, the request options), else `{"engine": "transformers"}` (the HF backends, in this process)."""
-    return dict(getattr(backend, "record", None) or {"engine": "transformers"})
+    """What ran the model, for every result file: the backend's `engine` (`{"engine": "openai", request options}`),
+    with its `server` (openai: the URL, the model id the server reported, requests sent), else
+    `{"engine": "transformers"}` (the HF backends, in this process)."""
+    record = dict(getattr(backend, "engine", None) or {"engine": "transformers"})
+    server = getattr(backend, "server", None)
+    return {**record, "server": server} if server else record
 
 
 def keep_answers(backend, folder) -> None:

@@ -138,23 +138,27 @@ class OpenAIBackend:
         self.prompt_format = "server: the server's own chat template renders the prompt"
         self.template_options: dict = {}
         self.vqa_frame = None
+        self.engine = self._engine()
         self.score_conventions = {"letter": "log-probability of the letter in the server's top_logprobs of the first "
                                             f"answer token ({self.letter_spellings} spelling)"}
         self._check_server()
 
     # ---- the record ------------------------------------------------------------------------------------------
-    @property
-    def record(self) -> dict:
-        """What produced the answers: the server, the model it reported, the options of every request."""
-        return {"engine": "openai", "base_url": self.base_url, "model_requested": self.spec.model,
-                "model_reported": sorted(set(self.served_ids)), "temperature": 0, "seed": self.seed,
+    def _engine(self) -> dict:
+        """What the answers depend on, the same for every run of these settings (recorded; a resume key)."""
+        return {"engine": "openai", "model": self.spec.model, "temperature": 0, "seed": self.seed,
                 "server_fields": self.server_fields, "top_logprobs": TOP_LOGPROBS,
-                "letter_spellings": self.letter_spellings, "max_concurrency": self.max_concurrency,
-                "request_timeout": self.timeout, "retries": self.retries,
-                "api_key_env": self.key_env,   # the variable's name, never its value
+                "letter_spellings": self.letter_spellings,
                 "images": "PNG data URLs of the decoded RGB photos (lossless), before the text in the user turn; "
                           "no image part for a blind prompt",
-                "prompt": "rendered by the server's chat template (the client sends the user turn only)",
+                "prompt": "rendered by the server's chat template (the client sends the user turn only)"}
+
+    @property
+    def server(self) -> dict:
+        """How this run reached the server, and what it reported (recorded beside `engine`, never a resume key)."""
+        return {"base_url": self.base_url, "model_reported": sorted(set(self.served_ids)),
+                "max_concurrency": self.max_concurrency, "request_timeout": self.timeout, "retries": self.retries,
+                "api_key_env": self.key_env,   # the variable's name, never its value
                 "journal": str(self.journal.path) if self.journal else None, "requests_sent": self.asked}
 
     def journal_in(self, folder) -> None:
