@@ -58,6 +58,8 @@ PASSED_LOG = "VOLTA_ML_PASSED_LOG"
 def pytest_configure(config):
     config.addinivalue_line("markers", "reads_shared: reads ../shared when present, generated data otherwise "
                                        "(CI runs it both ways)")
+    config.addinivalue_line("markers", "vllm: needs vLLM (skipped where it is not importable); CI runs `pytest -m "
+                                       "vllm` in the environment of scripts/install_vllm_env.sh")
 
 
 def pytest_runtest_logreport(report):

@@ -187,6 +187,8 @@ EXTRA_OPTIONS = {
     "retry_backoff": ("a number of seconds > 0 (the first retry's wait, doubled each time)",
                       lambda v: _number(v) and v > 0),
     "seed": ("an integer (the request seed)", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "top_logprobs": ("an integer >= 1 (the letter rule's alternatives per request; OpenAI's API takes at most 20, "
+                     "vLLM up to its --max-logprobs)", _count),
     "server_fields": ("a JSON object merged into every request (e.g. vLLM's {\"add_special_tokens\": true})",
                       lambda v: isinstance(v, dict)),
 }

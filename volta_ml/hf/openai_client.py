@@ -7,7 +7,8 @@ from: the key itself is never printed, logged or written), `max_concurrency` (re
 `request_timeout` (seconds, default 60), `retries` (default 4) and `retry_backoff` (the first wait, default 0.5 s,
 doubled each time, at most 8 s; a server's `Retry-After` is honoured up to 30 s), `seed` (default 0),
 `server_fields` (a JSON object merged into every request: vLLM's `{"add_special_tokens": true}`), `max_images`
-(default 1).
+(default 1), `top_logprobs` (default 20, OpenAI's most; a vLLM server started with a larger `--max-logprobs`
+takes more).
 
 Each request is one user turn: the images first, as PNG data URLs of the decoded RGB photo (lossless: the pixels
 every backend sees), then the prompt; no image part for a blind (`None`) image. The server renders the prompt
@@ -49,9 +50,9 @@ from .base import LETTER_SPELLINGS, Answer, EngineError, ModelSpec
 from .loading import photo_rgb
 
 JOURNAL = "answers.jsonl"
-TOP_LOGPROBS = 20                 # the most OpenAI's API (and vLLM's default max_logprobs) returns
 DEFAULTS = {"max_concurrency": 8, "request_timeout": 60.0, "retries": 4, "retry_backoff": 0.5, "seed": 0,
-            "server_fields": {}, "max_images": 1}
+            "server_fields": {}, "max_images": 1,
+            "top_logprobs": 20}           # the most OpenAI's API (and vLLM's default --max-logprobs) returns
 MAX_WAIT = 8.0                    # longest backoff between two tries
 MAX_RETRY_AFTER = 30.0            # longest wait a server's Retry-After header may ask for
 RETRIED = (429, 500, 502, 503, 504)
@@ -122,6 +123,7 @@ class OpenAIBackend:
         self.seed = options["seed"]
         self.server_fields = dict(options["server_fields"])
         self.max_images = options["max_images"]
+        self.top_logprobs = options["top_logprobs"]
         self.letter_spellings = options.get("letter_spellings", "natural")
         if self.letter_spellings not in LETTER_SPELLINGS:
             raise EngineError(f"letter_spellings {self.letter_spellings!r}: expected one of {LETTER_SPELLINGS}")
@@ -147,7 +149,7 @@ class OpenAIBackend:
     def _engine(self) -> dict:
         """What the answers depend on, the same for every run of these settings (recorded; a resume key)."""
         return {"engine": "openai", "model": self.spec.model, "temperature": 0, "seed": self.seed,
-                "server_fields": self.server_fields, "top_logprobs": TOP_LOGPROBS,
+                "server_fields": self.server_fields, "top_logprobs": self.top_logprobs,
                 "letter_spellings": self.letter_spellings,
                 "images": "PNG data URLs of the decoded RGB photos (lossless), before the text in the user turn; "
                           "no image part for a blind prompt",
@@ -291,7 +293,7 @@ class OpenAIBackend:
         body = {"model": self.spec.model, "messages": self._messages(images, prompt), "temperature": 0,
                 "seed": self.seed, "max_tokens": max_tokens, **self.server_fields}
         if logprobs:
-            body.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
+            body.update(logprobs=True, top_logprobs=self.top_logprobs)
         return body
 
     def render(self, prompt: str, num_images: int) -> str:
