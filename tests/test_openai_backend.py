@@ -274,3 +274,15 @@ def test_cvqa_letter_rule_through_the_server(server, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "cannot score continuations" in one_line(captured.err)
     assert_no_key(first.out, first.err, captured.out, captured.err, folder=tmp_path)
+
+
+@pytest.mark.parametrize("command", [["iglue-hf", "--task", "xvnli", "--lang", "ar", "--images", "i"],
+                                     ["suite", "--task", "maxm", "--lang", "en", "--data", "d"]])
+def test_server_flags_are_extra_keys_in_any_order(command):
+    from volta_ml.cli import build_parser
+
+    common = command + ["--backend", "openai", "--model", "m", "--output_dir", "o"]
+    for flags in (["--base_url", "http://h/v1", "--extra", '{"seed": 3}', "--retries", "0"],
+                  ["--extra", '{"seed": 3}', "--retries", "0", "--base_url", "http://h/v1"]):
+        args = build_parser().parse_args(common + flags)
+        assert args.extra == {"base_url": "http://h/v1", "seed": 3, "retries": 0}
