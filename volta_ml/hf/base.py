@@ -189,6 +189,8 @@ EXTRA_OPTIONS = {
     "seed": ("an integer (the request seed)", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "top_logprobs": ("an integer >= 1 (the letter rule's alternatives per request; OpenAI's API takes at most 20, "
                      "vLLM up to its --max-logprobs)", _count),
+    "letter_lead": ("'auto', ' ' or '' (the letter rule's spelling on a server: a space before the letter or "
+                    "none; auto: as the first answer of the run spells it)", lambda v: v in ("auto", " ", "")),
     "server_fields": ("a JSON object merged into every request (e.g. vLLM's {\"add_special_tokens\": true})",
                       lambda v: isinstance(v, dict)),
 }

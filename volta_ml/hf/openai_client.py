@@ -25,8 +25,9 @@ and never asks (or pays) again for what was answered. A line cut by a kill is sk
 
 Rules: `generate` (the answer text; `truncated` when the server's `finish_reason` is `length`); `letter` through
 the first answer token's `top_logprobs` (one request per item, `max_tokens` 1): a choice's score is the
-log-probability of the letter in the one spelling the top-ranked choice token has (`"A"` or `" A"`, as the HF
-backend scores one spelling for every choice; `letter_spellings: "all"`: logsumexp of both spellings). Scores are
+log-probability of the letter in one spelling for every choice and item, as the HF backend scores (`letter_lead`:
+`" "` for `" A"`, `""` for `"A"`; `auto`: as the best-ranked choice token of the run's first answer spells it,
+recorded as `letter_lead_used`); `letter_spellings: "all"`: logsumexp of both spellings. Scores are
 log-probabilities (the same argmax as the logits). A server that returns no log-probabilities, or a choice
 missing from `top_logprobs`, refuses the run naming `--rule generate`: the rule is never changed silently.
 Continuation log-probabilities are not available from chat servers: the likelihood / closed / open rules refuse.
@@ -52,7 +53,8 @@ from .loading import photo_rgb
 JOURNAL = "answers.jsonl"
 DEFAULTS = {"max_concurrency": 8, "request_timeout": 60.0, "retries": 4, "retry_backoff": 0.5, "seed": 0,
             "server_fields": {}, "max_images": 1,
-            "top_logprobs": 20}           # the most OpenAI's API (and vLLM's default --max-logprobs) returns
+            "top_logprobs": 20,           # the most OpenAI's API (and vLLM's default --max-logprobs) returns
+            "letter_lead": "auto"}
 MAX_WAIT = 8.0                    # longest backoff between two tries
 MAX_RETRY_AFTER = 30.0            # longest wait a server's Retry-After header may ask for
 RETRIED = (429, 500, 502, 503, 504)
@@ -124,6 +126,8 @@ class OpenAIBackend:
         self.server_fields = dict(options["server_fields"])
         self.max_images = options["max_images"]
         self.top_logprobs = options["top_logprobs"]
+        self.letter_lead = options["letter_lead"]
+        self.lead_used: str | None = None if self.letter_lead == "auto" else self.letter_lead
         self.letter_spellings = options.get("letter_spellings", "natural")
         if self.letter_spellings not in LETTER_SPELLINGS:
             raise EngineError(f"letter_spellings {self.letter_spellings!r}: expected one of {LETTER_SPELLINGS}")
@@ -150,7 +154,7 @@ class OpenAIBackend:
         """What the answers depend on, the same for every run of these settings (recorded; a resume key)."""
         return {"engine": "openai", "model": self.spec.model, "temperature": 0, "seed": self.seed,
                 "server_fields": self.server_fields, "top_logprobs": self.top_logprobs,
-                "letter_spellings": self.letter_spellings,
+                "letter_spellings": self.letter_spellings, "letter_lead": self.letter_lead,
                 "images": "PNG data URLs of the decoded RGB photos (lossless), before the text in the user turn; "
                           "no image part for a blind prompt",
                 "prompt": "rendered by the server's chat template (the client sends the user turn only)"}
@@ -161,7 +165,8 @@ class OpenAIBackend:
         return {"base_url": self.base_url, "model_reported": sorted(set(self.served_ids)),
                 "max_concurrency": self.max_concurrency, "request_timeout": self.timeout, "retries": self.retries,
                 "api_key_env": self.key_env,   # the variable's name, never its value
-                "journal": str(self.journal.path) if self.journal else None, "requests_sent": self.asked}
+                "journal": str(self.journal.path) if self.journal else None, "requests_sent": self.asked,
+                "letter_lead_used": self.lead_used}
 
     def journal_in(self, folder) -> None:
         self.journal = Journal(Path(folder) / JOURNAL)
@@ -319,9 +324,10 @@ class OpenAIBackend:
         if self.letter_spellings == "all":
             spellings = [[c, " " + c] for c in choices]
         else:
-            first = next((token for token, _ in top if token is not None and token.strip() in choices), None)
-            lead = " " if first is not None and first.startswith(" ") else ""
-            spellings = [[lead + c] for c in choices]
+            if self.lead_used is None:      # auto: as the best-ranked choice token of the run's first answer
+                first = next((token for token, _ in top if token is not None and token.strip() in choices), None)
+                self.lead_used = " " if first is not None and first.startswith(" ") else ""
+            spellings = [[self.lead_used + c] for c in choices]
         scores = []
         for choice, forms in zip(choices, spellings):
             present = [found[f] for f in forms if f in found]
