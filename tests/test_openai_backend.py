@@ -286,3 +286,8 @@ def test_server_flags_are_extra_keys_in_any_order(command):
                   ["--extra", '{"seed": 3}', "--retries", "0", "--base_url", "http://h/v1"]):
         args = build_parser().parse_args(common + flags)
         assert args.extra == {"base_url": "http://h/v1", "seed": 3, "retries": 0}
+
+
+def test_an_item_of_a_sub_batch_is_named_by_its_place_in_the_batch():
+    error = EngineError("no answer", item=1).within([4, 7, 9])
+    assert error.item == 7 and str(error) == "no answer" and EngineError("x").within([3]).item is None

@@ -135,6 +135,10 @@ class EngineError(ValueError):
         super().__init__(message)
         self.item = item
 
+    def within(self, rows) -> "EngineError":
+        """The same error for a call on the sub-batch `rows` of a batch: `item` as the batch's position."""
+        return EngineError(str(self), None if self.item is None else rows[self.item])
+
 
 def engine_record(backend) -> dict:
     """What ran the model, for every result file: the backend's `engine` (`{"engine": "openai", request options}`),

@@ -39,6 +39,7 @@ import base64
 import hashlib
 import io
 import json
+import logging
 import os
 import random
 from pathlib import Path
@@ -111,6 +112,8 @@ class OpenAIBackend:
     def __init__(self, spec: ModelSpec):
         import httpx
 
+        for name in ("httpx", "httpcore"):     # not a log line per request where a caller logs at INFO
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.httpx = httpx
         self.spec = spec
         options = {**DEFAULTS, **spec.extra}
