@@ -8,7 +8,8 @@ the client's code. `/v1/models` lists `models`; with `key` set every request nee
 (the stand-in for `vllm serve` in the sweep's serving tests).
 
 Faults: `faults` is a list consumed one per chat request, each one of `429`, `500`, `slow` (answers after
-`slow_seconds`), `drop` (closes the connection without an answer), `bad_json`; `hang_after` (answer that many
+`slow_seconds`), `drop` (closes the connection without an answer), `bad_json`, `echo_400` (a 400 whose message repeats the
+`Authorization` header); `hang_after` (answer that many
 chat requests, then hold every later one until `release` is set); `stop_after` (answer that many, then close
 the listening socket: a server that stops mid-run); `logprobs`: "full", "none" (no log-probabilities) or
 "missing" (the letter C never among top_logprobs).
@@ -139,6 +140,9 @@ class FakeServer:
                     time.sleep(server.slow_seconds)
                 if fault in ("429", "500"):
                     self._send(int(fault), {"error": {"message": "busy"}}, headers=[("Retry-After", "0")])
+                    return
+                if fault == "echo_400":        # a server that repeats the request's header in its error
+                    self._send(400, {"error": {"message": f"bad request from {self.headers.get('Authorization')}"}})
                     return
                 if fault == "bad_json":
                     self._send(200, None, raw=b'{"choices": [{"message": ')

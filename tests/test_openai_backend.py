@@ -150,6 +150,14 @@ def test_retries_spent_is_one_line_naming_the_item(task, server, tmp_path, capsy
     assert "item 0" in line and "HTTP 500" in line and "after 3 tries" in line and server.base_url in line
 
 
+def test_a_server_that_echoes_the_key_does_not_print_it(task, server, tmp_path, capsys):
+    server.faults = ["echo_400"]
+    assert main(argv(task, server, tmp_path)) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "HTTP 400" in line and "bad request from Bearer <the key>" in line
+    assert_no_key(line, folder=tmp_path)
+
+
 def test_the_letter_rule_is_refused_without_logprobs(task, server, tmp_path, capsys):
     for mode, words in (("none", "returned no log-probabilities"), ("missing", "' C' is not among")):
         server.logprobs = mode

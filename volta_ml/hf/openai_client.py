@@ -197,8 +197,12 @@ class OpenAIBackend:
         if reply.status_code in RETRIED:
             raise _Retry(f"HTTP {reply.status_code}", _retry_after(reply.headers.get("retry-after")))
         if reply.status_code != 200:
+            message = _server_message(reply)
+            key = self._headers.get("Authorization", "")[len("Bearer "):]
+            if key:                              # a server that echoes the key: never printed
+                message = message.replace(key, "<the key>")
             raise EngineError(f"{self.base_url}{path}: HTTP {reply.status_code} for model {self.spec.model!r}: "
-                              f"{_server_message(reply)}")
+                              f"{message}")
         try:
             payload = reply.json()
         except ValueError:
