@@ -27,6 +27,8 @@ from volta_ml.engine.failures import UsageError
 from volta_ml.options import complete_options
 from volta_ml.stats import TRUNCATED, Truncation, unique_ids
 
+from volta_ml.hf.base import keep_answers
+
 from .backends import build_scorer
 from .data import HIDDEN_LABEL, CVQADataset, load_cvqa
 from .prompts import CONDITIONS, parse_condition
@@ -41,6 +43,7 @@ DEFAULTS = {
     "predictions": None, "max_side": None, "max_pixels": None, "allow_missing_keys": False, "letter_layout": "paper",
     "letter_spellings": "natural", "adapter": None, "enable_thinking": None, "allow_adapter_base_mismatch": False,
     "tensor_parallel_size": None,
+    "extra": None,
 }
 REQUIRED = ("data", "backend", "output_dir")
 # What a resumed run must match (anything else, e.g. batch size or device, may change); the model's and the
@@ -77,6 +80,7 @@ def run_backend(args_dict: dict) -> str | None:
         header = _header(args, dataset, scorer)
         out_dir = Path(args["output_dir"])
         store = ChunkStore(out_dir / "chunks", resume_fingerprint(header, dataset, args), info, on_mismatch="refuse")
+        keep_answers(getattr(scorer, "model", None), store.folder)
         started = time.time()
         scores, failures, timing = score_passes(scorer, dataset, passes, store, info, args)
         if not info.is_main:
@@ -129,7 +133,7 @@ def score_passes(scorer, dataset: CVQADataset, passes, store, info, args: dict):
             chunk_failures.update(failed)
             for condition, blind, name in todo:
                 tic = time.perf_counter()
-                parts[name].append(scorer.score(batch, photos, condition, blind))
+                parts[name].append(_scored(scorer, batch, photos, condition, blind))
                 seconds[name] += time.perf_counter() - tic
                 computed[name] += len(batch)
                 bar.update(len(batch))
@@ -157,6 +161,19 @@ def score_passes(scorer, dataset: CVQADataset, passes, store, info, args: dict):
         timing[name] = {"seconds": round(spent, 3), "questions_scored": done,
                         "questions_per_second": round(done / spent, 2) if spent > 0 else None}
     return scores, dict(sorted(failures.items())), timing
+
+
+def _scored(scorer, batch, photos, condition: str, blind: bool) -> dict:
+    """`scorer.score`; a server's request that failed for good (`EngineError` of one item) names the question."""
+    from volta_ml.hf.base import EngineError
+
+    try:
+        return scorer.score(batch, photos, condition, blind)
+    except EngineError as err:
+        if err.item is None:
+            raise
+        raise EngineError(f"question {batch[err.item].id} ({condition}{', text-only' if blind else ''}): {err}") \
+            from None
 
 
 def photo_batches(dataset: CVQADataset, chunk, batch_size: int, need_photos: bool, args: dict):
@@ -228,7 +245,8 @@ def _header(args: dict, dataset: CVQADataset, scorer) -> dict:
 
 def _write_results(args, dataset, scorer, header, scores, failures, timing, out_dir: Path) -> str:
     questions = dataset.questions
-    results = {**header, "shards": [s.name for s in dataset.shards], "questions": len(questions),
+    engine = {"engine": scorer.header()["engine"]} if "engine" in header else {}   # as it stands after the run
+    results = {**header, **engine, "shards": [s.name for s in dataset.shards], "questions": len(questions),
                "labelled": sum(q.label != HIDDEN_LABEL for q in questions), "hidden_labels": dataset.hidden_labels,
                "images": len(dataset.image_ids), "missing_images": list(failures), "failed_images": failures,
                "settings": {k: args[k] for k in ("batch_size", "limit", "text_only", "device", "conditions")},

@@ -36,6 +36,7 @@ import torch
 
 from volta_ml.engine.failures import UsageError
 from volta_ml.stats import truncation
+from volta_ml.hf.base import engine_record
 
 from .data import CVQAQuestion
 from .prompts import (GENERATIVE_PROMPTS_VERSION, LETTERS, PROMPTS_VERSION, full_texts, generative_prompt,
@@ -49,6 +50,8 @@ BACKENDS = {
     "mllm": "a generative image-text model (docs/hf_backends.md lists the tested families): --rule letter | open | "
             "generate",
     "vllm": "the mllm rules (same prompts) run by vLLM's offline engine (docs/engines.md); --tensor_parallel_size",
+    "openai": "a model behind an OpenAI-compatible chat-completions server (--base_url; docs/serving.md): --rule "
+              "letter (the server's top_logprobs) | generate",
     "import": "predictions made elsewhere: --predictions CONDITION=ID,Prediction CSV",
 }
 RULES = ("letter", "open", "generate")
@@ -133,11 +136,13 @@ class GenerativeScorer:
             "open": "total log-probability of the option text (variant length_normalised: per token)",
             "generate": f"greedy answer ({GENERATE_TOKENS} tokens) parsed to a letter or an option text (one-hot; "
                         "parse_failed marks the unparsed)"}[self.rule]
+        convention = getattr(self.model, "score_conventions", {}).get(self.rule, convention)   # a server's own
         template = self.rule if self.layout == "paper" or self.rule == "open" else f"{self.rule}-{self.layout}"
         return {**_spec_header(self.model), "rule": self.rule, "template": template,
                 "letter_spellings": spellings if self.rule == "letter" else None,
                 "template_options": dict(getattr(self.model, "template_options", {})),
-                "prompts_version": GENERATIVE_PROMPTS_VERSION, "score_convention": convention}
+                "prompts_version": GENERATIVE_PROMPTS_VERSION, "score_convention": convention,
+                "engine": engine_record(self.model)}
 
     def _prompt(self, question: CVQAQuestion, condition: str) -> str:
         return generative_prompt(question, condition, self.rule, self.layout)
@@ -299,7 +304,8 @@ def _generative(model, args: dict) -> CVQAScorer:
     return GenerativeScorer(model, args["rule"], args.get("letter_layout") or "paper", args["backend"])
 
 
-BUILDERS = {"clip": _dual_encoder, "mclip": _dual_encoder, "mllm": _generative, "vllm": _generative}   # hf kinds
+BUILDERS = {"clip": _dual_encoder, "mclip": _dual_encoder, "mllm": _generative, "vllm": _generative,   # hf kinds
+            "openai": _generative}
 
 
 def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> CVQAScorer:
@@ -315,7 +321,7 @@ def build_scorer(args: dict, questions: Sequence[CVQAQuestion], device: str) -> 
     from volta_ml.hf import GENERATIVE, load_backend
     from volta_ml.hf.base import ModelSpec, fold_engine_flags
 
-    extra = {key: args[key] for key in ("image_model", "text_base") if args.get(key)}
+    extra = {**(args.get("extra") or {}), **{key: args[key] for key in ("image_model", "text_base") if args.get(key)}}
     if backend in GENERATIVE and args.get("letter_spellings"):
         extra["letter_spellings"] = args["letter_spellings"]
     if args.get("enable_thinking") is not None:

@@ -8,7 +8,7 @@ import sys
 from volta_ml.options import int_at_least
 from volta_ml.engine.failures import UsageError
 from volta_ml.features.detectors.presets import PRESETS
-from volta_ml.hf.base import LETTER_SPELLINGS
+from volta_ml.hf.base import LETTER_SPELLINGS, add_server_flags
 
 from volta_ml.protocols.cli import add_stat_flags
 
@@ -95,6 +95,8 @@ def register(subparsers) -> None:
                     help="questions per resumable chunk (a rerun into --output_dir continues)")
     hf.add_argument("--predictions", nargs="+", default=None, metavar="[CONDITION=]CSV",
                     help="import: ID,Prediction CSV(s) made elsewhere, one per condition")
+    add_server_flags(sc)
+    sc.set_defaults(extra=None)
     sc.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=list(CONDITIONS))
     sc.add_argument("--template", choices=sorted(TEMPLATES), default=None,
                     help="texts of the matching scorers (default: paper for zoo, plain for clip/mclip)")
@@ -139,14 +141,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     CVQA's and the HF backends' own. A plain KeyError or ValueError is a bug and keeps its traceback."""
     from volta_ml.engine.chunks import ResumeMismatch
     from volta_ml.engine.failures import user_errors
-    from volta_ml.hf import BackendInputError, ChoiceTokenError, ModelLoadError
+    from volta_ml.hf import BackendInputError, ChoiceTokenError, EngineError, ModelLoadError
 
     from .collect import ReportInputError
     from .data import CVQAFormatError
     from .zoo import MatchingHeadError
 
     return user_errors() + (CVQAFormatError, MatchingHeadError, ReportInputError, ResumeMismatch, ModelLoadError,
-                            ChoiceTokenError, BackendInputError)
+                            ChoiceTokenError, BackendInputError, EngineError)
 
 
 def _clear_errors(command):
@@ -208,7 +210,7 @@ def _run_backend(args) -> str | None:
     keys = ("data", "backend", "revision", "conditions", "template", "rule", "model", "model_revision",
             "image_model", "text_base", "dtype", "device", "device_map", "chunk_size", "text_only", "limit",
             "output_dir", "progress", "predictions", "max_side", "max_pixels", "allow_missing_keys", "letter_layout",
-            "letter_spellings", "adapter", "allow_adapter_base_mismatch", "tensor_parallel_size")
+            "letter_spellings", "adapter", "allow_adapter_base_mismatch", "tensor_parallel_size", "extra")
     thinking = None if args.enable_thinking is None else args.enable_thinking == "true"
     return run_backend({**{k: getattr(args, k) for k in keys}, "batch_size": args.batch_size or 8,
                         "enable_thinking": thinking})

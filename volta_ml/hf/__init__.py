@@ -6,7 +6,7 @@ training run's `hf_best/` export older than the run's best checkpoint is said on
 """
 from __future__ import annotations
 
-from .base import BackendInputError, ChoiceTokenError, DualEncoder, Generative, ModelSpec
+from .base import BackendInputError, ChoiceTokenError, DualEncoder, EngineError, Generative, ModelSpec
 from .loading import ModelLoadError
 
 
@@ -28,6 +28,9 @@ def _mllm(spec: ModelSpec) -> Generative:
 def _vllm(spec: ModelSpec) -> Generative:
     from .vllm_engine import VllmBackend
     return VllmBackend(spec)
+def _openai(spec: ModelSpec) -> Generative:
+    from .openai_client import OpenAIBackend
+    return OpenAIBackend(spec)
 
 
 BACKENDS = {
@@ -35,8 +38,9 @@ BACKENDS = {
     "mclip": _mclip,    # M-CLIP text tower (multilingual-clip layout) + OpenAI CLIP image tower
     "mllm": _mllm,      # LLaVA, BLIP-2 / mBLIP, InstructBLIP, the current families of docs/hf_backends.md
     "vllm": _vllm,      # the mllm prompts run by vLLM's offline engine (hf/vllm_engine.py, docs/engines.md)
+    "openai": _openai,  # an OpenAI-compatible chat-completions server (--base_url; docs/serving.md)
 }
-GENERATIVE = ("mllm", "vllm")   # the generative kinds: the options of a chat template and the letter rule
+GENERATIVE = ("mllm", "vllm", "openai")   # the generative kinds: the options of a chat template and the letter rule
 
 
 class UnknownBackendError(ValueError):
@@ -54,5 +58,5 @@ def load_backend(kind: str, spec: ModelSpec) -> DualEncoder | Generative:
     return loader(spec)
 
 
-__all__ = ["BACKENDS", "GENERATIVE", "BackendInputError", "ChoiceTokenError", "DualEncoder", "Generative", "ModelLoadError", "ModelSpec",
+__all__ = ["BACKENDS", "GENERATIVE", "BackendInputError", "ChoiceTokenError", "DualEncoder", "EngineError", "Generative", "ModelLoadError", "ModelSpec",
            "UnknownBackendError", "load_backend"]

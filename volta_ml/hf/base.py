@@ -41,6 +41,7 @@ Refinements made while implementing (no signature changed; all additions are opt
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -125,8 +126,43 @@ class BackendInputError(ValueError):
     """An input the model cannot take (more images in one prompt than it accepts): a user error, one line."""
 
 
+class EngineError(ValueError):
+    """An inference server (`--backend openai`) that cannot be reached, refuses the key or the model, fails an
+    item after its retries, or cannot run the rule asked for: one line naming the server and what to do.
+    `item`: the position in the batch of the item whose request failed (None: not one item's)."""
+
+    def __init__(self, message: str, item: int | None = None):
+        super().__init__(message)
+        self.item = item
+
+    def within(self, rows) -> "EngineError":
+        """The same error for a call on the sub-batch `rows` of a batch: `item` as the batch's position."""
+        return EngineError(str(self), None if self.item is None else rows[self.item])
+
+
+def engine_record(backend) -> dict:
+    """What ran the model, for every result file: the backend's `engine` (`{"engine": "openai", request options}`),
+    with its `server` (openai: the URL, the model id the server reported, requests sent), else
+    `{"engine": "transformers"}` (the HF backends, in this process)."""
+    record = dict(getattr(backend, "engine", None) or {"engine": "transformers"})
+    server = getattr(backend, "server", None)
+    return {**record, "server": server} if server else record
+
+
+def keep_answers(backend, folder) -> None:
+    """A backend that asks a server (`openai`) journals every answer in `folder`, beside the chunk store, so a
+    resumed run never asks again what was answered; other backends have nothing to keep."""
+    journal = getattr(backend, "journal_in", None)
+    if journal is not None:
+        journal(folder)
+
+
 def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _text(value) -> bool:
@@ -153,7 +189,32 @@ EXTRA_OPTIONS = {
     "max_num_seqs": ("an integer >= 1 (vLLM: sequences per engine step)", _count),
     "enforce_eager": ("true or false (vLLM: no CUDA graphs / compilation)", lambda v: isinstance(v, bool)),
     "load_format": ("a vLLM load format, e.g. \"dummy\" (random weights: benchmarks)", _text),
+    # --backend openai (hf/openai_client.py); flags as sugar: SERVER_FLAGS
+    "base_url": ("an http(s) URL of an OpenAI-compatible server (.../v1)",
+                 lambda v: isinstance(v, str) and v.startswith(("http://", "https://"))),
+    "api_key_env": ("the name of an environment variable holding the key", _text),
+    "max_concurrency": ("an integer >= 1 (requests in flight)", _count),
+    "request_timeout": ("a number of seconds > 0", lambda v: _number(v) and v > 0),
+    "retries": ("an integer >= 0 (retries of a failed request)", lambda v: _count(v) or v == 0),
+    "retry_backoff": ("a number of seconds > 0 (the first retry's wait, doubled each time)",
+                      lambda v: _number(v) and v > 0),
+    "seed": ("an integer (the request seed)", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "top_logprobs": ("an integer >= 1 (the letter rule's alternatives per request; OpenAI's API takes at most 20, "
+                     "vLLM up to its --max-logprobs)", _count),
+    "letter_lead": ("'auto', ' ' or '' (the letter rule's spelling on a server: a space before the letter or "
+                    "none; auto: as the first answer of the run spells it)", lambda v: v in ("auto", " ", "")),
+    "server_fields": ("a JSON object merged into every request (e.g. vLLM's {\"add_special_tokens\": true})",
+                      lambda v: isinstance(v, dict)),
 }
+SERVER_FLAGS = ("base_url", "api_key_env", "max_concurrency", "request_timeout", "retries")
+# how a server is reached, not what it answers: left out of resume keys (a server restarted elsewhere, or more
+# requests in flight, reuses what was scored)
+TRANSPORT = SERVER_FLAGS + ("retry_backoff",)
+
+
+def answer_options(extra: dict | None) -> dict:
+    """The options of `extra` that can change a score (resume keys): all but the TRANSPORT ones."""
+    return {key: value for key, value in (extra or {}).items() if key not in TRANSPORT}
 
 
 def extra_option_error(extra: dict) -> str | None:
@@ -162,6 +223,37 @@ def extra_option_error(extra: dict) -> str | None:
         if key in EXTRA_OPTIONS and not EXTRA_OPTIONS[key][1](value):
             return f"{key!r} must be {EXTRA_OPTIONS[key][0]}, got {value!r}"
     return None
+
+
+class ExtraFlag(argparse.Action):
+    """`--base_url URL` is sugar for `--extra '{"base_url": URL}'` (SERVER_FLAGS): the value, checked by its
+    EXTRA_OPTIONS row, is merged into the `extra` dict, whatever the order of the flags (`--extra` merges too)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if self.dest == "extra":
+            merged = {**values, **(getattr(namespace, "extra", None) or {})}
+        else:
+            problem = extra_option_error({self.dest: values})
+            if problem:
+                parser.error(f"{option_string}: {problem}")
+            merged = {**(getattr(namespace, "extra", None) or {}), self.dest: values}
+        namespace.extra = merged
+
+
+def _flag_value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def add_server_flags(parser) -> None:
+    """The flags of `--backend openai` (SERVER_FLAGS), each a key of `extra`; for every command line that loads
+    a generative backend (`iglue-hf` and `suite` through `add_run_flags`, `cvqa score`)."""
+    group = parser.add_argument_group("--backend openai (an OpenAI-compatible server; docs/serving.md)")
+    for key in SERVER_FLAGS:
+        group.add_argument(f"--{key}", dest=key, action=ExtraFlag, type=_flag_value, default=argparse.SUPPRESS,
+                           help=f"{EXTRA_OPTIONS[key][0]} (= extra {key})")
 
 
 def backend_options(text: str) -> dict:

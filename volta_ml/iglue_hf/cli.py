@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from volta_ml.hf.base import backend_options
+from volta_ml.hf.base import ExtraFlag, add_server_flags, backend_options
 from volta_ml.options import int_at_least
 
 from .images import DEFAULT_TEMPLATES
@@ -14,7 +14,7 @@ from .run import PROTOCOLS
 def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", required=True, choices=sorted(DEFAULT_TEMPLATES))
     parser.add_argument("--backend", required=True,
-                        help="backend kind, a key of volta_ml.hf.BACKENDS (clip, mclip, mllm, vllm)")
+                        help="backend kind, a key of volta_ml.hf.BACKENDS (clip, mclip, mllm, vllm, openai)")
     parser.add_argument("--model", required=True, help="hub id or local folder")
     parser.add_argument("--revision", default=None, help="pinned model commit (recorded)")
     parser.add_argument("--adapter", default=None,
@@ -22,7 +22,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--device_map", default=None, help="'auto': accelerate spreads a large model")
-    parser.add_argument("--extra", type=backend_options, default=None, metavar="JSON",
+    parser.add_argument("--extra", type=backend_options, action=ExtraFlag, default=None, metavar="JSON",
                         help='backend options (ModelSpec.extra), e.g. \'{"max_images": 2}\' for a multi-image model '
                              'of a type trained on one image (LLaVA-Interleave) or \'{"image_model": "..."}\' '
                              'for M-CLIP')
@@ -70,6 +70,7 @@ def add_run_flags(parser: argparse.ArgumentParser, results_file: str) -> None:
     parser.add_argument("--no_progress", dest="progress", action="store_false")
     parser.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=-1,
                         help=argparse.SUPPRESS)
+    add_server_flags(parser)
 
 
 def run_one_line(run, args, prog: str) -> int:
@@ -78,14 +79,14 @@ def run_one_line(run, args, prog: str) -> int:
     from volta_ml.data.annotations import AnnotationError
     from volta_ml.engine.distributed import finish_process
     from volta_ml.engine.failures import UsageError
-    from volta_ml.hf import BackendInputError, ChoiceTokenError, ModelLoadError, UnknownBackendError
+    from volta_ml.hf import BackendInputError, ChoiceTokenError, EngineError, ModelLoadError, UnknownBackendError
 
     from .images import MissingImagesError
     from .tasks import BackendTaskError
 
     options = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     user_errors = (UsageError, FileNotFoundError, MissingImagesError, AnnotationError, BackendTaskError,
-                   BackendInputError, ChoiceTokenError, ModelLoadError, UnknownBackendError)
+                   BackendInputError, ChoiceTokenError, EngineError, ModelLoadError, UnknownBackendError)
     try:
         run(options)
     except user_errors as err:

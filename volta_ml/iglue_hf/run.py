@@ -30,7 +30,7 @@ from volta_ml.digest import content_fingerprint, file_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
 from volta_ml.hf import GENERATIVE
-from volta_ml.hf.base import fold_engine_flags
+from volta_ml.hf.base import answer_options, fold_engine_flags
 from volta_ml.hf.export import status as export_status
 from volta_ml.hf.loading import loading_report
 from volta_ml.hf.photos import failure_line
@@ -115,7 +115,7 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
                    **source.digest(image_refs(data)), "model": opts["model"], "revision": opts["revision"],
                    "dtype": opts["dtype"],
                    "backend": opts["backend"], "prompts": PROMPTS_VERSION, "batch_size": opts["batch_size"],
-                   "extra": opts["extra"] or {}, "adapter": opts["adapter"], **model_contents(opts)}
+                   "extra": answer_options(opts["extra"]), "adapter": opts["adapter"], **model_contents(opts)}
     if opts["allow_adapter_base_mismatch"]:   # added later: in the key only when set, so older runs resume
         fingerprint["allow_adapter_base_mismatch"] = True
     info = init_distributed(opts["local_rank"], None if opts["device_map"] else opts["device"])
@@ -165,7 +165,8 @@ def run_iglue_hf(options: dict, backend=None) -> dict | None:
         finish_cell(out_dir, work_dir, opts, {
             "id": f"iglue_hf/{results['model']}/{task}/{lang}/{PROTOCOLS[protocol]}", "stage": PROTOCOLS[protocol],
             "protocol": PROTOCOLS[protocol], "model": results["model"], "task": task, "lang": lang,
-            "metrics": result["metrics"], "items": f"{split}_items.jsonl", "rule": rule})
+            "metrics": result["metrics"], "items": f"{split}_items.jsonl", "rule": rule,
+            "engine": results.get("engine", {"engine": "transformers"})["engine"]})
         return results
     finally:
         shutdown(info)

@@ -16,7 +16,7 @@ from volta_ml.atomic import atomic_open, atomic_write_json
 from volta_ml.engine.chunks import map_chunks
 from volta_ml.engine.failures import UsageError
 from volta_ml.engine.retrieval import save_array
-from volta_ml.hf.base import DualEncoder, Generative
+from volta_ml.hf.base import DualEncoder, EngineError, Generative, engine_record, keep_answers
 from volta_ml.protocols.hf_kinds import NEEDS
 from volta_ml.protocols.iglue import TASKS
 from volta_ml.stats import TRUNCATED, Truncation, unique_ids, write_items
@@ -80,7 +80,7 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
     arrays = score_items(len(examples), score_batch, batch_size=opts["batch_size"], chunk_size=opts["chunk_size"],
                          work_dir=work_dir, fingerprint=dict(fingerprint, layout=layout,
                                                              max_new_tokens=opts["max_new_tokens"]),
-                         info=info, desc=f"{task} {rule_name}", progress=opts["progress"])
+                         info=info, desc=f"{task} {rule_name}", progress=opts["progress"], backend=backend)
     if not info.is_main:
         return None
     failed = source.failed_paths(arrays.pop(FAILED), [e.images for e in examples])
@@ -111,7 +111,7 @@ def run_generative(backend, task, rule_name, examples, source, *, info, work_dir
     return {"metrics": metrics, "n_examples": len(examples), "failed_images": failed, "rule_description": rule.describe,
             "marvl_layout": layout, "first_prompt": prompts[0],
             "first_prompt_rendered": backend.render(prompts[0], n_images),
-            "prompt_format": getattr(backend, "prompt_format", None),
+            "prompt_format": getattr(backend, "prompt_format", None), "engine": engine_record(backend),
             "qformer_truncated": getattr(backend, "qformer_truncated", None),
             **(truncated.record() if truncated is not None else {})}
 
@@ -139,18 +139,25 @@ def generative_items(rows: list[dict], parsed: bool, truncated: Truncation | Non
 
 
 def score_items(n: int, score_batch, *, batch_size: int, chunk_size: int, work_dir: str, fingerprint: dict,
-                info, desc: str, progress: bool = True) -> dict:
+                info, desc: str, progress: bool = True, backend=None) -> dict:
     """The one scoring loop of the Hugging Face tasks (IGLUE's and the suite's): `score_batch(rows) -> {name:
     array with len(rows) rows}` over `n` items in batches of `batch_size`, saved per chunk of `chunk_size` items in
     the resumable chunk store (`engine/chunks.map_chunks`: chunk k on rank k % world size); every rank gets the
-    arrays of all items, in item order."""
+    arrays of all items, in item order. A server backend (`backend`) journals its answers beside the chunks
+    (`hf.base.keep_answers`); its request that failed for good is named by the item's row."""
     batch = max(1, batch_size)
+    keep_answers(backend, work_dir)
 
     def compute(rows: range) -> dict:
         parts = []
         for start in range(rows.start, rows.stop, batch):
             with torch.inference_mode():
-                parts.append(score_batch(range(start, min(start + batch, rows.stop))))
+                try:
+                    parts.append(score_batch(range(start, min(start + batch, rows.stop))))
+                except EngineError as err:
+                    if err.item is None:
+                        raise
+                    raise EngineError(f"{desc}: item {start + err.item} (row of {n}, from 0): {err}") from None
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     return map_chunks(n, chunk_size, compute, work_dir=work_dir, fingerprint=fingerprint, info=info, desc=desc,

@@ -35,7 +35,10 @@ from .hf_kinds import BACKEND_KINDS, tasks_for_backend
 from .iglue import ADAM_FLAGS, TASKS
 
 HF_KEYS = {"backend", "model", "revision", "dtype", "device", "device_map", "rules", "batch_size", "flags", "extra",
-           "train"}
+           "train", "engine", "serve"}
+IN_PROCESS = ("clip", "mclip", "mllm")   # transformers in the cell's own process
+SERVED = ("openai",)               # backends that reach a server: `engine` options, and `serve` to start one
+SERVE_KEYS = {"model", "tensor_parallel", "dtype", "args", "command", "health_timeout"}
 TRAIN_KEYS = {"lr": "--lr", "epochs": "--num_epoch", "batch_size": "--batch_size", "flags": None,
               "finetune": "--finetune", "sharding": "--sharding", "processes": None, "nodes": None}
 TRAIN_CHOICES = {"finetune": ("lora", "full"), "sharding": ("ddp", "fsdp")}
@@ -61,7 +64,52 @@ def load_hf(spec: dict, where: str, str_list) -> dict:
     if not isinstance(rules, dict) or any(t not in TASKS for t in rules):
         raise GridError(f"{where}.hf.rules: expected a mapping task -> rule")
     train = _load_train(hf, where, str_list) if "train" in hf else None
-    return dict(hf, rules=rules, flags=str_list(hf.get("flags") or [], f"{where}.hf.flags"), train=train)
+    engine, serve = load_engine(hf, f"{where}.hf", str_list)
+    return dict(hf, rules=rules, flags=str_list(hf.get("flags") or [], f"{where}.hf.flags"), train=train,
+                engine=engine, serve=serve)
+
+
+def load_engine(hf: dict, where: str, str_list) -> tuple[dict, dict | None]:
+    """`hf.engine`: the server options of `--backend openai` (the SERVER_FLAGS of hf/base.py, as flags); `hf.serve`:
+    the server the cell starts itself (`protocols/serving.py`; then no `base_url`)."""
+    from volta_ml.hf.base import SERVER_FLAGS
+
+    engine, serve = hf.get("engine") or {}, hf.get("serve")
+    if (engine or serve is not None) and hf["backend"] not in SERVED:
+        raise GridError(f"{where}: 'engine' and 'serve' are options of the {', '.join(SERVED)} backend, not "
+                        f"{hf['backend']!r}")
+    if not isinstance(engine, dict) or set(engine) - set(SERVER_FLAGS):
+        raise GridError(f"{where}.engine: expected a mapping with any of {list(SERVER_FLAGS)}")
+    engine = {key: str_list(value, f"{where}.engine.{key}")[0] for key, value in engine.items()}
+    if serve is None:
+        if hf["backend"] in SERVED and "base_url" not in engine:
+            raise GridError(f"{where}: the {hf['backend']} backend needs engine.base_url (a running server) or "
+                            "serve (the cell starts one)")
+        return engine, None
+    serve = {} if serve is True else serve
+    if not isinstance(serve, dict) or set(serve) - SERVE_KEYS:
+        raise GridError(f"{where}.serve: expected a mapping with any of {sorted(SERVE_KEYS)}")
+    if "base_url" in engine:
+        raise GridError(f"{where}: serve starts the server; engine.base_url cannot be given too")
+    parallel = serve.get("tensor_parallel", "auto")
+    if parallel != "auto" and not (isinstance(parallel, int) and parallel >= 1):
+        raise GridError(f"{where}.serve.tensor_parallel: {parallel!r}; expected auto or a number of GPUs >= 1")
+    out = {"model": str(serve.get("model") or hf["model"]), "name": str(hf["model"]), "tensor_parallel": parallel}
+    for key in ("args", "command"):
+        if key in serve:
+            out[key] = str_list(serve[key], f"{where}.serve.{key}")
+    for key in ("dtype", "health_timeout"):
+        if serve.get(key) is not None:
+            out[key] = serve[key]
+    return engine, out
+
+
+def engine_name(hf: dict) -> str:
+    """The engine a model's rows come from, recorded in the plan and in every result: transformers in the cell's
+    process, or the server backend (`openai`; `openai/vllm-serve` when the cell starts vLLM's server)."""
+    name = "transformers" if hf["backend"] in IN_PROCESS else hf["backend"]
+    serve = hf.get("serve")
+    return name + ("" if not serve else "/served" if serve.get("command") else "/vllm-serve")
 
 
 def _load_train(hf: dict, where: str, str_list) -> dict:
@@ -174,7 +222,17 @@ def hf_argv(grid, model, task: str, lang: str, mt: bool, cell_dir: Path, tuned: 
         argv += ["--extra", json.dumps(hf["extra"], sort_keys=True)]
     if task in hf["rules"]:
         argv += ["--rule", str(hf["rules"][task])]
-    return argv + list(hf["flags"]) + grid.extra_flags.get("iglue_hf", [])
+    return engine_argv(grid, hf, argv + list(hf["flags"]) + grid.extra_flags.get("iglue_hf", []), cell_dir)
+
+
+def engine_argv(grid, hf: dict, argv: list[str], cell_dir: Path) -> list[str]:
+    """A cell's command with its model's server flags (`hf.engine`), run by the serving step when the cell starts
+    its own server (`hf.serve`: start it, run against it, stop it); IGLUE's and the suite's cells."""
+    argv = list(argv) + [a for key, value in (hf.get("engine") or {}).items() for a in (f"--{key}", value)]
+    if not hf.get("serve"):
+        return argv
+    return [grid.python, "-m", "volta_ml.protocols.serving", "--spec", json.dumps(hf["serve"], sort_keys=True),
+            "--log", str(cell_dir / "serve.log"), "--"] + argv
 
 
 def hf_train_argv(grid, model, task: str, start: str | None, settings: list[str], seed: int, cell_dir: Path,

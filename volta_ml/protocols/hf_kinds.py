@@ -5,7 +5,8 @@ from __future__ import annotations
 NEEDS = {"xflickrco": "dual encoder", "wit": "dual encoder", "xvnli": "generative", "xgqa": "generative",
          "marvl": "generative"}
 # the kinds of volta_ml.hf.BACKENDS; a backend registered under another name is checked when it is loaded
-BACKEND_KINDS = {"clip": "dual encoder", "mclip": "dual encoder", "mllm": "generative", "vllm": "generative"}
+BACKEND_KINDS = {"clip": "dual encoder", "mclip": "dual encoder", "mllm": "generative", "vllm": "generative",
+                 "openai": "generative"}
 
 
 def tasks_for_backend(backend: str, tasks: list[str], needs: dict | None = None) -> list[str]:

@@ -129,7 +129,8 @@ def iglue_hf_results(cell_dir: Path, scorer: str = "iglue_hf") -> dict:
     path = Path(cell_dir) / "eval" / name
     try:
         results = json.loads(path.read_text(encoding="utf-8"))
-        return {"metrics": dict(results["metrics"]), "rule": results.get("rule"), "backend": results.get("backend")}
+        return {"metrics": dict(results["metrics"]), "rule": results.get("rule"), "backend": results.get("backend"),
+                "engine": (results.get("engine") or {}).get("engine", "transformers")}
     except FileNotFoundError:
         raise LogError(f"{path}: not written (the {command} run did not finish)")
     except (ValueError, KeyError, TypeError) as error:

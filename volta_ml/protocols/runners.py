@@ -22,7 +22,8 @@ from .cell import PRETRAINED, Cell, Command
 from .cvqa import cvqa_cells
 from .errors import GridError
 from .grid import Grid, ModelSpec
-from .hf_cells import EXPORT, FINE_TUNED, HF_FEW_SHOT_FILES, has_english, hf_argv, hf_tasks, hf_train_argv
+from .hf_cells import (EXPORT, FINE_TUNED, HF_FEW_SHOT_FILES, engine_name, has_english, hf_argv, hf_tasks,
+                       hf_train_argv)
 from .iglue import ADAM_FLAGS, TASKS, TaskSpec, finetune_grad_acc, model_extra_flags
 from .suite import suite_cells
 
@@ -167,7 +168,8 @@ class Planner:
         if model.hf:
             tuned = checkpoint if checkpoint != model.hf["model"] else None     # a training cell's export
             argv = hf_argv(self.grid, model, task, lang, mt, d, tuned)
-            extra = dict(extra or {}, hf=model.hf, **({"variant": FINE_TUNED, "checkpoint": tuned} if tuned else {}))
+            extra = dict(extra or {}, hf=model.hf, engine=engine_name(model.hf),
+                         **({"variant": FINE_TUNED, "checkpoint": tuned} if tuned else {}))
             return self.add(Cell(id=cell_id, stage=stage, protocol=protocol, model=model.name, task=task, lang=lang,
                                  seed=seed, scorer="iglue_hf", depends_on=deps, logs=[out, err], extra=extra,
                                  commands=list(pre or []) + [Command(argv, out, err), self.record(d)]))

@@ -74,6 +74,8 @@ def record(cell_dir: Path) -> int:
             extra = {"metrics": metrics, "checkpoint": os.path.realpath(checkpoint) if checkpoint else None}
             if cell.scorer in ("iglue_hf", "suite"):   # a Hugging Face model: its rule (and variant) keep their rows
                 extra.update({k: v for k, v in iglue_hf_results(cell_dir, cell.scorer).items() if k != "metrics"})
+                if cell.extra.get("engine"):       # the plan's name (openai/vllm-serve: the cell started vLLM)
+                    extra["engine"] = cell.extra["engine"]
                 if cell.extra.get("variant"):
                     extra["variant"] = cell.extra["variant"]
             items, why = cell_items(cell_dir, metrics) if cell.scorer != "cvqa" else (None, "")

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cell import Cell, Command
+from .hf_cells import engine_argv, engine_name, load_engine
 from .hf_kinds import tasks_for_backend
 
 XM3600_LANGUAGES = ("en", "ar", "bn", "cs", "da", "de", "el", "es", "fa", "fi", "fil", "fr", "he", "hi", "hr",
@@ -169,7 +170,7 @@ PUBLISHED = {
 
 # --- the grid's `suite:` section ------------------------------------------------------------------------
 SECTION_KEYS = {"tasks", "data", "images", "languages", "task_flags", "flags", "models"}
-MODEL_KEYS = {"backend", "model", "revision", "adapter", "rules", "flags"}
+MODEL_KEYS = {"backend", "model", "revision", "adapter", "rules", "flags", "engine", "serve"}   # engine, serve: hf_cells
 MODEL_FLAGS = {"--backend": "backend", "--model": "model", "--revision": "revision", "--adapter": "adapter"}
 
 
@@ -182,6 +183,8 @@ class SuiteModel:
     adapter: str | None = None
     rules: dict[str, list[str]] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
+    engine: dict = field(default_factory=dict)     # the server flags of the openai backend (hf_cells.load_engine)
+    serve: dict | None = None                      # the cell starts its server (protocols/serving.py)
 
 
 @dataclass
@@ -258,11 +261,12 @@ def load_section(raw, base: Path, where: str, str_list, error) -> SuiteSection:
             raise error(f"{at}: unknown key(s) {sorted(unknown)}; valid keys: {sorted(MODEL_KEYS)}")
         rules = {t: str_list(v, f"{at}.rules.{t}")
                  for t, v in _task_mapping(spec.get("rules"), f"{at}.rules", error).items()}
+        engine, serve = load_engine({**spec, "backend": str(spec["backend"]), "model": str(spec["model"])}, at, str_list)
         models[str(name)] = SuiteModel(
             name=str(name), backend=str(spec["backend"]), model=str(spec["model"]),
             revision=str(spec["revision"]) if spec.get("revision") else None,
             adapter=_path(spec["adapter"], base) if spec.get("adapter") else None,
-            rules=rules, flags=str_list(spec.get("flags", []), f"{at}.flags"))
+            rules=rules, flags=str_list(spec.get("flags", []), f"{at}.flags"), engine=engine, serve=serve)
     return SuiteSection(tasks=tasks, data=data, images=images, languages=languages, task_flags=task_flags,
                         models=models, flags=str_list(raw.get("flags", []), f"{where}.flags"))
 
@@ -288,7 +292,10 @@ def suite_cells(planner) -> None:
                                                                   str(d / "eval"), "--no_result_json", "--no_progress"]
                     argv += section.task_flags.get(task, []) + spec.flags + section.flags
                     argv += grid.extra_flags.get("suite", [])
+                    served = {"backend": spec.backend, "engine": spec.engine, "serve": spec.serve}
+                    argv = engine_argv(grid, served, argv, d)
                     out, err = str(d / "test.out"), str(d / "test.err")
                     planner.add(Cell(id=cell_id, stage="suite", protocol="zero_shot", model=spec.name, task=task,
                                      lang=lang, scorer="suite", commands=[Command(argv, out, err), planner.record(d)],
-                                     logs=[out, err], extra={"backend": spec.backend, "rule": rule}))
+                                     logs=[out, err], extra={"backend": spec.backend, "rule": rule,
+                                                             "engine": engine_name(served)}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from volta_ml.hf.base import backend_options
+from volta_ml.hf.base import ExtraFlag, backend_options
 from volta_ml.options import int_at_least
 from volta_ml.iglue_hf.cli import add_run_flags, run_one_line
 
@@ -35,7 +35,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                              "Kaleidoscope: final_data/ or data.zip); parquet releases carry their images")
     parser.add_argument("--subset", default=None, help="xm100: the file of XM3600 image keys to keep (one per line)")
     parser.add_argument("--backend", required=True, help="mllm | vllm (generative tasks) | clip | mclip (xm3600_retrieval) | "
-                                                         "import (score --predictions with a generation rule)")
+                                                         "openai (a server: --base_url) | import (score --predictions with a "
+                                                         "generation rule)")
     parser.add_argument("--predictions", default=None, help="--backend import: JSON lines {\"id\": item id, "
                                                             "\"prediction\": generated text}, one per item")
     parser.add_argument("--model", required=True, help="hub id or local folder")
@@ -46,7 +47,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--device_map", default=None, help="'auto': accelerate spreads a large model")
-    parser.add_argument("--extra", type=backend_options, default=None, metavar="JSON", help="backend options "
+    parser.add_argument("--extra", type=backend_options, action=ExtraFlag, default=None, metavar="JSON", help="backend options "
                         "(ModelSpec.extra), e.g. '{\"max_images\": 2}' or '{\"letter_spellings\": \"all\"}'")
     parser.add_argument("--enable_thinking", type=_bool, default=None, metavar="true|false",
                         help="the chat template's thinking switch (= extra enable_thinking)")

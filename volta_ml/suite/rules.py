@@ -23,6 +23,7 @@ import numpy as np
 
 from volta_ml.engine.failures import UsageError
 from volta_ml.stats import truncation
+from volta_ml.hf.base import EngineError
 
 from . import ptb
 from .text import (ARTICLES, INSTALL, NUMBER_WORDS, jar_versions, normalise_answer, prepare, ptb_jar,
@@ -76,13 +77,17 @@ def _letters(backend, images, prompts, context) -> dict:
     for i, item in enumerate(items):
         by_count.setdefault(len(item.options), []).append(i)
     for count, rows in by_count.items():
-        if count == 0:
-            generated = backend.generate([images[i] for i in rows], [prompts[i] for i in rows],
-                                         context["max_new_tokens"])
-            for i, answer in zip(rows, generated):
-                answers[i] = answer
-            continue
-        logits = backend.choice_logits([images[i] for i in rows], [prompts[i] for i in rows], list(LETTERS[:count]))
+        try:
+            if count == 0:
+                generated = backend.generate([images[i] for i in rows], [prompts[i] for i in rows],
+                                             context["max_new_tokens"])
+                for i, answer in zip(rows, generated):
+                    answers[i] = answer
+                continue
+            logits = backend.choice_logits([images[i] for i in rows], [prompts[i] for i in rows],
+                                           list(LETTERS[:count]))
+        except EngineError as err:       # a server's failed item: named by its place in the batch
+            raise err.within(rows) from None
         scores[rows, :count] = logits.float().numpy()
     return {"scores": scores, "answers": np.array(answers, dtype=str)}
 

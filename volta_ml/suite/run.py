@@ -33,7 +33,7 @@ from volta_ml.digest import file_digest
 from volta_ml.engine.distributed import init_distributed, shutdown
 from volta_ml.engine.failures import UsageError
 from volta_ml.hf import GENERATIVE
-from volta_ml.hf.base import fold_engine_flags
+from volta_ml.hf.base import answer_options, engine_record, fold_engine_flags
 from volta_ml.hf.loading import loading_report
 from volta_ml.hf.photos import failure_line
 from volta_ml.iglue_hf.run import finish_cell, load_backend, model_contents, record_engine, _model_name
@@ -110,7 +110,7 @@ def run_suite(options: dict, backend=None) -> dict | None:
                    "data": [file_digest(str(f)) for f in data.files], "n_items": len(data.items),
                    **(data.store.digest(image_keys) if data.store is not None else {}),
                    "model": opts["model"], "revision": opts["revision"], "dtype": opts["dtype"],
-                   "backend": opts["backend"], "extra": opts["extra"] or {}, "adapter": opts["adapter"],
+                   "backend": opts["backend"], "extra": answer_options(opts["extra"]), "adapter": opts["adapter"],
                    "batch_size": opts["batch_size"], "max_new_tokens": max_new_tokens}
     contents = {}
     if importing:
@@ -174,7 +174,7 @@ def run_suite(options: dict, backend=None) -> dict | None:
         finish_cell(out_dir, work_dir, opts, {
             "id": f"suite/{name}/{task}/{lang}", "stage": "suite", "protocol": "zero_shot", "model": name,
             "task": task, "lang": lang, "metrics": results["metrics"], "items": f"{split}_items.jsonl",
-            "rule": rule_name})
+            "rule": rule_name, "engine": results.get("engine", {"engine": "transformers"})["engine"]})
         return results
     finally:
         shutdown(info)
@@ -211,7 +211,7 @@ def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, split
     else:
         arrays = score_items(len(items), score_batch, batch_size=opts["batch_size"], chunk_size=opts["chunk_size"],
                              work_dir=work_dir, fingerprint=fingerprint, info=info, desc=f"{row.name} {rule_name}",
-                             progress=opts["progress"])
+                             progress=opts["progress"], backend=backend)
     if not info.is_main:
         return None
     reasons = arrays.pop(FAILED, None)
@@ -240,7 +240,8 @@ def _generative(backend, row, rule_name, data, max_new_tokens, out_dir, *, split
     return {"metrics": metrics, "failed_images": failed, "rule_description": rule.describe, "rule_source": rule.source,
             "max_new_tokens": max_new_tokens, "first_prompt": prompts[0],
             "first_prompt_rendered": backend.render(prompts[0], n_images),
-            "prompt_format": getattr(backend, "prompt_format", None), "stacked_images": stacked,
+            "prompt_format": getattr(backend, "prompt_format", None), "engine": engine_record(backend),
+            "stacked_images": stacked,
             "qformer_truncated": getattr(backend, "qformer_truncated", None),
             **(truncated.record() if truncated is not None else {})}
 
