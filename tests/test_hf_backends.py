@@ -287,8 +287,8 @@ def test_dual_encoder_equals_reference_and_batch(name, root):
 
 # ---- loading ---------------------------------------------------------------------------------------------
 def test_backends_table_and_unknown_kind():
-    assert set(BACKENDS) == {"clip", "mclip", "mllm"}
-    with pytest.raises(ValueError, match="unknown HF backend 'gpt'; supported: clip, mclip, mllm"):
+    assert set(BACKENDS) == {"clip", "mclip", "mllm", "vllm", "openai"}
+    with pytest.raises(ValueError, match="unknown HF backend 'gpt'; supported: clip, mclip, mllm, vllm, openai"):
         load_backend("gpt", ModelSpec("x"))
 
 

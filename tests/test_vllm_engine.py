@@ -137,7 +137,7 @@ def test_cvqa_equals_hf_backend(engines, as_loaded, tmp_path, rule):
     hf = _cvqa(release, tmp_path / "hf", "mllm", model, "--rule", rule, "--batch-size", "2")
     runs = {b: _cvqa(release, tmp_path / f"vllm{b}", "vllm", model, "--rule", rule, "--batch-size", b)
             for b in ("2", "5")}
-    assert runs["2"]["engine"] == engines["vllm"].engine and "engine" not in hf
+    assert runs["2"]["engine"] == engines["vllm"].engine and hf["engine"] == {"engine": "transformers"}
     for name in ("en-aware", "loc-agnostic", "en-aware.blind"):
         ref = _saved(tmp_path / "hf", name)["score"]
         for batch in runs:
@@ -181,7 +181,7 @@ def test_iglue_equals_hf_backend(engines, iglue, tmp_path, task, lang, rule):
         assert results[key]["rows"] == ref["rows"] and results[key]["metrics"] == ref["metrics"]
         assert results[key]["engine"] == engines["vllm"].engine
         assert results[key]["first_prompt_rendered"] == ref["first_prompt_rendered"]
-    assert "engine" not in ref
+    assert ref["engine"] == {"engine": "transformers"}   # hf.base.engine_record: the HF backends
 
 
 def test_suite_maxm_equals_hf_backend(engines, tmp_path):
